@@ -1,0 +1,387 @@
+"""Pretrained checkpoints in, and out: Hugging Face, Google TF, and this project's own.
+
+`load_pretrained(path)` returns `(BertConfig, params)` where `params` is the parameter tree of
+`bert_jax.modeling.BertForPreTraining` in the per-layer layout (`bert/encoder/layer_{i}/...`):
+`params["bert"]` feeds `BertModel`, `params["cls"]` (present only if the source has the
+pre-training heads) the MLM and NSP heads. Every tensor is checked against the shapes the config
+implies; a missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
+
+Internally every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}
+in this project's names; the per-format code is only the renaming.
+"""
+import glob
+import json
+import os
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import jax
+import numpy as np
+from absl import logging
+from flax import traverse_util
+
+from bert_jax import modeling
+from bert_jax.config import BertConfig
+
+Flat = Dict[str, np.ndarray]
+
+OWN_CONFIG = "bert_jax_config.json"
+OWN_PARAMS = "params.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt.pt")
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint's tensors do not match the model the config describes."""
+
+
+# --------------------------------------------------------------------------- shapes and checks
+
+
+def expected_shapes(config: BertConfig, with_heads: bool = True) -> Dict[str, Tuple[int, ...]]:
+  """{flat name: shape} of BertForPreTraining in the per-layer layout (no compilation)."""
+  config = config.replace(scan_layers=False, remat=False)
+  model = modeling.BertForPreTraining(config)
+  shapes = jax.eval_shape(lambda: modeling.init_params(model, jax.random.PRNGKey(0)))
+  flat = {"/".join(k): tuple(v.shape)
+          for k, v in traverse_util.flatten_dict(shapes).items()}
+  if not with_heads:
+    flat = {k: v for k, v in flat.items() if not k.startswith("cls/")}
+  return flat
+
+
+def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
+                        optional: Iterable[str] = ()) -> Dict:
+  """Validates names and shapes against the config, then builds the nested params tree.
+
+  The encoder (`bert/...`) must be complete; the heads (`cls/...`) are loaded when present and
+  reported when absent. Names matching a regex in `optional` may be missing (e.g. a pooler).
+  """
+  expected = expected_shapes(config)
+  optional_re = [re.compile(p) for p in optional]
+  unexpected = sorted(set(flat) - set(expected))
+  wrong = [f"{k}: checkpoint {tuple(flat[k].shape)} vs model {expected[k]}"
+           for k in sorted(set(flat) & set(expected)) if tuple(flat[k].shape) != expected[k]]
+  missing = sorted(k for k in set(expected) - set(flat)
+                   if not k.startswith("cls/") and not any(r.match(k) for r in optional_re))
+  if unexpected or wrong or missing:
+    lines = [f"Checkpoint {source} does not match the model of its config:"]
+    for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)):
+      if items:
+        lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20]) +
+                     (" ..." if len(items) > 20 else ""))
+    raise CheckpointMismatchError("\n".join(lines))
+  heads = {k for k in expected if k.startswith("cls/")}
+  present_heads = heads & set(flat)
+  if present_heads and present_heads != heads:
+    raise CheckpointMismatchError(f"Checkpoint {source} has only part of the pre-training heads; "
+                                  f"missing: {sorted(heads - present_heads)}")
+  if not present_heads:
+    logging.info("Checkpoint %s has no pre-training heads (cls/...): only the encoder is loaded.",
+                 source)
+  tree = traverse_util.unflatten_dict({tuple(k.split("/")): np.asarray(v, np.float32)
+                                       for k, v in flat.items()})
+  return tree
+
+
+def flatten(params: Dict) -> Flat:
+  return {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(params).items()}
+
+
+# --------------------------------------------------------------------------- scanned layout
+
+
+def stack_layers(params: Dict, num_layers: int) -> Dict:
+  """Per-layer `encoder/layer_{i}` -> scanned `encoder/layer/layer` with a leading L axis."""
+  encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
+  layers = [encoder.pop(f"layer_{i}") for i in range(num_layers)]
+  encoder["layer"] = {"layer": jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  return params
+
+
+def unstack_layers(params: Dict, num_layers: int) -> Dict:
+  """Scanned `encoder/layer/layer` -> per-layer `encoder/layer_{i}`."""
+  encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
+  stacked = encoder.pop("layer")["layer"]
+  for i in range(num_layers):
+    encoder[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
+  return params
+
+
+def to_model_layout(params: Dict, config: BertConfig) -> Dict:
+  """Converts loaded (per-layer) params to the layout `config.scan_layers` asks for."""
+  if config.scan_layers:
+    return stack_layers(jax.tree_util.tree_map(np.asarray, params), config.num_hidden_layers)
+  return params
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def _hf_to_flat(state: Dict[str, np.ndarray]) -> Flat:
+  """Renames Hugging Face BertModel / BertForPreTraining keys to this project's names."""
+  flat: Flat = {}
+  decoder_bias = None
+  for key, value in state.items():
+    value = np.asarray(value)
+    if key.endswith("position_ids") or key.startswith("cls.predictions.decoder.weight"):
+      continue  # a buffer, and the decoder tied to the word embeddings
+    if key == "cls.predictions.decoder.bias":
+      decoder_bias = value
+      continue
+    if key == "cls.predictions.bias":
+      flat["cls/predictions/output_bias"] = value
+      continue
+    if not key.startswith(("bert.", "cls.")):
+      key = "bert." + key  # BertModel layout: no prefix
+    parts = re.sub(r"\.layer\.(\d+)\.", r".layer_\1.", key).split(".")
+    leaf, module = parts[-1], parts[-2]
+    if leaf in ("gamma", "beta"):  # old-style LayerNorm names
+      leaf = "scale" if leaf == "gamma" else "bias"
+    elif leaf == "weight":
+      if module == "LayerNorm":
+        leaf = "scale"
+      elif module.endswith("embeddings"):
+        leaf = "embedding"
+      else:
+        leaf, value = "kernel", value.T  # torch Linear stores [out, in]
+    flat["/".join(parts[:-1] + [leaf])] = value
+  if "cls/predictions/output_bias" not in flat and decoder_bias is not None:
+    flat["cls/predictions/output_bias"] = decoder_bias
+  return flat
+
+
+def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
+  from safetensors.numpy import load_file
+  single = os.path.join(directory, "model.safetensors")
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(single):
+    return load_file(single)
+  with open(index, encoding="utf-8") as f:
+    shards = sorted(set(json.load(f)["weight_map"].values()))
+  state = {}
+  for shard in shards:
+    state.update(load_file(os.path.join(directory, shard)))
+  return state
+
+
+def _read_pickle(path: str, allow_pickle: bool) -> Dict[str, np.ndarray]:
+  if not allow_pickle:
+    raise ValueError(
+        f"Refusing to load {path}: pickle files can run arbitrary code when loaded. Convert it to "
+        "safetensors, or pass allow_pickle=True (--allow_pickle) if you trust its source.")
+  import torch  # Only needed for this opt-in path.
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  return {k: v.float().numpy() for k, v in state.items()}
+
+
+def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, Dict]:
+  config = BertConfig.from_json_file(os.path.join(directory, "config.json"))
+  if glob.glob(os.path.join(directory, "model*.safetensors*")):
+    state = _read_safetensors(directory)
+  else:
+    pickles = [p for p in glob.glob(os.path.join(directory, "*")) if p.endswith(PICKLE_SUFFIXES)]
+    if not pickles:
+      raise FileNotFoundError(f"{directory} has config.json but no model.safetensors")
+    state = _read_pickle(pickles[0], allow_pickle)
+  # A Hugging Face BertModel may be saved without its pooler (add_pooling_layer=False).
+  params = check_and_unflatten(_hf_to_flat(state), config, directory,
+                               optional=[r"bert/pooler/"])
+  return config, params
+
+
+def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None:
+  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads.
+
+  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's.
+  """
+  from safetensors.numpy import save_file
+  os.makedirs(directory, exist_ok=True)
+  flat = flatten(_per_layer(params, config))
+  has_heads = any(k.startswith("cls/") for k in flat)
+  state = {}
+  for name, value in flat.items():
+    parts = name.split("/")
+    parts = [p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts]
+    leaf, module = parts[-1], parts[-2]
+    if name == "cls/predictions/output_bias":
+      state["cls.predictions.bias"] = value
+      continue
+    if leaf == "kernel":
+      leaf, value = "weight", value.T
+    elif leaf in ("scale", "embedding"):
+      leaf = "weight"
+    key = ".".join(parts[:-1] + [leaf])
+    if not has_heads:
+      key = key[len("bert."):]
+    state[key] = np.ascontiguousarray(value, dtype=np.float32)
+  if has_heads:
+    # transformers ties these to the embeddings and bias; written so no key is reported missing.
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
+    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].copy()
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  hf_config = config.to_dict(include_runtime=False)
+  if hf_config["hidden_act"] == "gelu_tanh":
+    hf_config["hidden_act"] = "gelu_pytorch_tanh"  # transformers' name for the tanh form
+  hf_config.update(model_type="bert", architectures=[
+      "BertForPreTraining" if has_heads else "BertModel"], pad_token_id=0)
+  with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- Google TF
+
+
+_TF_SKIP = re.compile(r"(adam_[mv]|global_step|bad_steps|good_steps|loss_scale|"
+                      r"Momentum|LAMB|beta[12]_power)")
+
+
+def _tf_to_flat(variables: Dict[str, np.ndarray]) -> Flat:
+  flat: Flat = {}
+  for name, value in variables.items():
+    if _TF_SKIP.search(name):
+      continue
+    parts = name.split("/")
+    if parts[-1] in ("gamma", "beta"):
+      parts[-1] = "scale" if parts[-1] == "gamma" else "bias"
+    elif parts[-1].endswith("_embeddings"):
+      parts.append("embedding")
+    elif name == "cls/seq_relationship/output_weights":
+      parts, value = ["cls", "seq_relationship", "kernel"], value.T  # stored [2, H]
+    elif name == "cls/seq_relationship/output_bias":
+      parts = ["cls", "seq_relationship", "bias"]
+    flat["/".join(parts)] = value
+  return flat
+
+
+def _flat_to_tf(flat: Flat) -> Flat:
+  variables = {}
+  for name, value in flat.items():
+    parts = name.split("/")
+    if parts[-1] == "embedding":
+      parts = parts[:-1]
+    elif parts[-1] in ("scale", "bias") and parts[-2] == "LayerNorm":
+      parts[-1] = "gamma" if parts[-1] == "scale" else "beta"
+    if name == "cls/seq_relationship/kernel":
+      parts, value = ["cls", "seq_relationship", "output_weights"], value.T
+    elif name == "cls/seq_relationship/bias":
+      parts = ["cls", "seq_relationship", "output_bias"]
+    variables["/".join(parts)] = np.asarray(value, np.float32)
+  return variables
+
+
+def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertConfig, Dict]:
+  import tensorflow as tf
+  config_path = os.path.join(os.path.dirname(prefix), "bert_config.json")
+  config = BertConfig.from_json_file(config_path)
+  if tf_gelu_approximate and config.hidden_act == "gelu":
+    # The original TF code's gelu() is the tanh approximation, whatever the JSON says.
+    config = config.replace(hidden_act="gelu_tanh")
+  reader = tf.train.load_checkpoint(prefix)
+  variables = {name: reader.get_tensor(name)
+               for name in reader.get_variable_to_shape_map()}
+  params = check_and_unflatten(_tf_to_flat(variables), config, prefix)
+  return config, params
+
+
+def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
+  """Writes a TF1-style checkpoint with the original variable names plus `bert_config.json`."""
+  import tensorflow as tf
+  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+  variables = _flat_to_tf(flatten(_per_layer(params, config)))
+  with tf.Graph().as_default():
+    tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
+    saver = tf.compat.v1.train.Saver(tf_vars)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      saver.save(session, prefix, write_meta_graph=False)
+  tf_config = config.to_dict(include_runtime=False)
+  if tf_config["hidden_act"] == "gelu_tanh":
+    tf_config["hidden_act"] = "gelu"  # what the original code calls its tanh form
+  with open(os.path.join(os.path.dirname(os.path.abspath(prefix)), "bert_config.json"), "w") as f:
+    json.dump(tf_config, f, indent=2, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- own format
+
+
+def save_pretrained(config: BertConfig, params: Dict, directory: str) -> None:
+  """This project's export: `bert_jax_config.json` + `params.safetensors` (flat names)."""
+  from safetensors.numpy import save_file
+  os.makedirs(directory, exist_ok=True)
+  flat = {k: np.ascontiguousarray(v, np.float32)
+          for k, v in flatten(_per_layer(params, config)).items()}
+  save_file(flat, os.path.join(directory, OWN_PARAMS))
+  config.to_json_file(os.path.join(directory, OWN_CONFIG), include_runtime=True)
+
+
+def _load_own(directory: str) -> Tuple[BertConfig, Dict]:
+  from safetensors.numpy import load_file
+  config = BertConfig.from_json_file(os.path.join(directory, OWN_CONFIG))
+  params = check_and_unflatten(load_file(os.path.join(directory, OWN_PARAMS)), config, directory)
+  return config, params
+
+
+def _per_layer(params: Dict, config: BertConfig) -> Dict:
+  params = jax.tree_util.tree_map(np.asarray, params)
+  encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
+  if "layer" in encoder:
+    params = unstack_layers(params, config.num_hidden_layers)
+  if "bert" not in params:
+    params = {"bert": params}
+  return params
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def detect_format(path: str) -> str:
+  """'own', 'huggingface', 'tf' or 'workdir' for a path, or a clear error."""
+  if os.path.isdir(path):
+    if os.path.exists(os.path.join(path, OWN_CONFIG)):
+      return "own"
+    if os.path.exists(os.path.join(path, "config.json")):
+      return "huggingface"
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+      return "workdir"
+    if glob.glob(os.path.join(path, "*.index")) and os.path.exists(
+        os.path.join(path, "bert_config.json")):
+      return "tf"
+    raise ValueError(f"{path}: not a recognised checkpoint directory (expected config.json + "
+                     f"model.safetensors, {OWN_CONFIG}, bert_config.json + bert_model.ckpt.*, "
+                     "or a training workdir with checkpoints/)")
+  if os.path.exists(path + ".index"):
+    return "tf"
+  if path.endswith(PICKLE_SUFFIXES) and os.path.exists(path):
+    raise ValueError(f"{path}: give the directory holding config.json and this file")
+  raise FileNotFoundError(f"Checkpoint not found: {path}")
+
+
+def load_pretrained(path: str, *, allow_pickle: bool = False,
+                    tf_gelu_approximate: bool = True) -> Tuple[BertConfig, Dict]:
+  """Loads (config, params) from any supported checkpoint.
+
+  path: a Hugging Face directory (config.json + model.safetensors, BertModel or
+    BertForPreTraining keys), a Google TF checkpoint prefix (`.../bert_model.ckpt` with
+    `bert_config.json` beside it) or its directory, a directory written by `save_pretrained`,
+    or a bert_jax training workdir (its latest complete checkpoint).
+  allow_pickle: permit `pytorch_model.bin`-style pickle files (they can run code when loaded).
+  tf_gelu_approximate: a TF checkpoint's "gelu" means the tanh approximation in the original code.
+  """
+  fmt = detect_format(path)
+  if fmt == "huggingface":
+    return _load_huggingface(path, allow_pickle)
+  if fmt == "tf":
+    prefix = path
+    if os.path.isdir(path):
+      index = sorted(glob.glob(os.path.join(path, "*.index")))
+      prefix = index[0][:-len(".index")]
+    return _load_tf_checkpoint(prefix, tf_gelu_approximate)
+  if fmt == "own":
+    return _load_own(path)
+  from bert_jax import training_checkpoints  # workdir: only needed with a training run
+  return training_checkpoints.load_params_from_workdir(path)
+
+
+def missing_heads(params: Dict) -> List[str]:
+  """Names of the pre-training heads that a loaded checkpoint lacks (empty if complete)."""
+  return [] if "cls" in params else ["cls/predictions", "cls/seq_relationship"]

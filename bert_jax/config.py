@@ -1,0 +1,123 @@
+"""`BertConfig`: the fields of a released `bert_config.json` / Hugging Face `config.json`.
+
+The named sizes follow the original release (spec section 1): base and large from the paper, and
+the small-model grid (L in {2,...,12} x H in {128,...,768}, A = H / 64, intermediate = 4H).
+"""
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Optional
+
+# Activation names as checkpoints spell them. "gelu" is the exact erf form (Hugging Face);
+# the original TensorFlow code's `gelu` is the tanh approximation, which is "gelu_tanh" here.
+ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu",
+               "silu", "swish", "tanh")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# name: (num_hidden_layers, hidden_size); heads = hidden / 64, intermediate = 4 * hidden.
+NAMED_SIZES = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+
+@dataclasses.dataclass
+class BertConfig:
+  """Architecture of a BERT encoder (the checkpoint's fields) plus how to compute it."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu"
+  hidden_dropout_prob: float = 0.1
+  attention_probs_dropout_prob: float = 0.1
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  # Not part of a checkpoint: how the model is computed.
+  dtype: str = "float32"           # compute dtype; parameters always stay float32
+  causal_attention: bool = False   # left-to-right ablation (spec section 6)
+  scan_layers: bool = False        # one compiled layer body scanned L times (faster compiles)
+  remat: bool = False              # rematerialise each layer in the backward pass (less memory)
+
+  # Fields that describe the computation, not the checkpoint; never written to bert_config.json.
+  RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat")
+
+  def __post_init__(self):
+    self.validate()
+
+  def validate(self) -> None:
+    def fail(field, why):
+      raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}: {why}")
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+      if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+        fail(field, "must be a positive integer")
+    if self.hidden_size % self.num_attention_heads:
+      fail("hidden_size", f"must be divisible by num_attention_heads={self.num_attention_heads}")
+    if self.hidden_act not in ACTIVATIONS:
+      fail("hidden_act", f"unknown activation; expected one of {ACTIVATIONS}")
+    if self.dtype not in DTYPES:
+      fail("dtype", f"expected one of {DTYPES}")
+    for field in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+      if not 0.0 <= getattr(self, field) < 1.0:
+        fail(field, "must be in [0, 1)")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  @classmethod
+  def named(cls, size: str, **overrides) -> "BertConfig":
+    """A size from the original release: tiny, mini, small, medium, base, large."""
+    if size not in NAMED_SIZES:
+      raise ValueError(f"Unknown BERT size {size!r}; expected one of {sorted(NAMED_SIZES)}")
+    layers, hidden = NAMED_SIZES[size]
+    fields = dict(num_hidden_layers=layers, hidden_size=hidden,
+                  num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def from_dict(cls, values: Dict[str, Any], source: Optional[str] = None) -> "BertConfig":
+    """Reads the known fields; other keys (Hugging Face extras such as `model_type`) are ignored."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in values.items() if k in known}
+    if "layer_norm_eps" not in values and "layer_norm_epsilon" in values:
+      kwargs["layer_norm_eps"] = values["layer_norm_epsilon"]
+    try:
+      return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"Invalid BERT config{' in ' + source if source else ''}: {e}") from e
+
+  @classmethod
+  def from_json_file(cls, path: str) -> "BertConfig":
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"BERT config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+      try:
+        values = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    return cls.from_dict(values, source=path)
+
+  def to_dict(self, include_runtime: bool = True) -> Dict[str, Any]:
+    values = dataclasses.asdict(self)
+    if not include_runtime:
+      for field in self.RUNTIME_FIELDS:
+        values.pop(field)
+    return values
+
+  def to_json_file(self, path: str, include_runtime: bool = False) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(self.to_dict(include_runtime), f, indent=2, sort_keys=True)
+      f.write("\n")
+
+  def replace(self, **changes) -> "BertConfig":
+    return dataclasses.replace(self, **changes)

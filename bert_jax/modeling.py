@@ -1,0 +1,378 @@
+"""BERT in Flax Linen: the bidirectional encoder and the pre-training heads.
+
+Parameter names mirror the released checkpoints so that import is a mechanical rename:
+`bert/encoder/layer_3/attention/self/query/kernel` here is
+`bert/encoder/layer_3/attention/self/query/kernel` in a Google TF checkpoint and
+`encoder.layer.3.attention.self.query.weight` (transposed) in a Hugging Face one.
+With `config.scan_layers` the layers live stacked under `encoder/layer` (leading axis L);
+`bert_jax.checkpoints` converts between the two layouts.
+
+Parameters are float32; computation runs in `config.dtype` (float32 or bfloat16), with softmax
+and LayerNorm statistics in float32. Every parameter carries logical axis names
+(`nn.with_logical_partitioning`) that `bert_jax.sharding` maps onto a device mesh.
+
+Shape letters: B batch, S sequence, H hidden, N heads, D head dim, P predictions, V vocabulary.
+"""
+import functools
+from typing import Any, Dict, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.config import BertConfig
+
+Array = Any
+
+# Added to the attention logits of masked keys. The original adds -10000; a larger magnitude
+# makes padded keys contribute exactly zero even in bfloat16.
+_MASK_VALUE = -1e9
+
+
+def _activation(name: str):
+  if name == "gelu":
+    return functools.partial(jax.nn.gelu, approximate=False)
+  if name in ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    return functools.partial(jax.nn.gelu, approximate=True)
+  if name == "relu":
+    return jax.nn.relu
+  if name in ("silu", "swish"):
+    return jax.nn.silu
+  if name == "tanh":
+    return jnp.tanh
+  raise ValueError(f"Unknown hidden_act {name!r}")
+
+
+def _dtype(config: BertConfig):
+  return jnp.dtype(config.dtype)
+
+
+def _kernel_init(config: BertConfig, axes):
+  # The original initialiser: truncated normal with stddev initializer_range.
+  init = nn.initializers.truncated_normal(stddev=config.initializer_range)
+  return nn.with_logical_partitioning(init, axes)
+
+
+def _zeros(axes):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _ones(axes):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def _dense(config: BertConfig, features: int, axes, name: str) -> nn.Dense:
+  return nn.Dense(features, dtype=_dtype(config), param_dtype=jnp.float32,
+                  kernel_init=_kernel_init(config, axes), bias_init=_zeros(axes[1:]), name=name)
+
+
+def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=_dtype(config),
+                      param_dtype=jnp.float32, scale_init=_ones(("embed",)),
+                      bias_init=_zeros(("embed",)), name=name)
+
+
+def check_inputs(config: BertConfig, input_ids, token_type_ids=None) -> None:
+  """Host-side validation with a clear message, before anything is traced or compiled.
+
+  Inside `jit` an out-of-range id would silently gather a clamped row; this catches it first.
+  Tracers (values unknown until run time) are skipped: only concrete arrays are checked.
+  """
+  if isinstance(input_ids, jax.core.Tracer):
+    return
+  ids = np.asarray(input_ids)
+  if ids.ndim != 2:
+    raise ValueError(f"input_ids must have shape [batch, seq_len], got {ids.shape}")
+  if ids.shape[1] > config.max_position_embeddings:
+    raise ValueError(
+        f"Sequence length {ids.shape[1]} exceeds the position table "
+        f"(max_position_embeddings={config.max_position_embeddings}); shorten max_seq_length.")
+  if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
+    bad = ids[(ids < 0) | (ids >= config.vocab_size)]
+    raise ValueError(
+        f"Token id {int(bad.flat[0])} is outside the vocabulary (vocab_size={config.vocab_size}); "
+        "the vocabulary file and the checkpoint probably do not match.")
+  if token_type_ids is not None and not isinstance(token_type_ids, jax.core.Tracer):
+    types = np.asarray(token_type_ids)
+    if types.size and (types.min() < 0 or types.max() >= config.type_vocab_size):
+      raise ValueError(f"Segment (token type) id {int(types.max())} is outside "
+                       f"type_vocab_size={config.type_vocab_size}.")
+
+
+def attention_bias(attention_mask: Array, causal: bool, dtype=jnp.float32) -> Array:
+  """Additive attention bias [B, 1, S, S] from a padding mask [B, S] or a full mask [B, S, S].
+
+  A full [B, S, S] mask expresses block-diagonal attention for packed sequences.
+  """
+  mask = attention_mask.astype(bool)
+  if mask.ndim == 2:
+    mask = mask[:, None, :]                                  # [B, 1, S] keys visible to all queries
+  if causal:
+    seq_len = mask.shape[-1]
+    mask = mask & jnp.tril(jnp.ones((seq_len, seq_len), bool))[None]   # [B, S, S]
+  return jnp.where(mask, 0.0, _MASK_VALUE).astype(dtype)[:, None]      # [B, 1, S or 1, S]
+
+
+class BertEmbeddings(nn.Module):
+  """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    init = lambda axes: nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(stddev=c.initializer_range), axes)
+    self.word_embeddings = nn.Embed(c.vocab_size, c.hidden_size, dtype=_dtype(c),
+                                    param_dtype=jnp.float32, embedding_init=init(("vocab", "embed")))
+    self.position_embeddings = nn.Embed(c.max_position_embeddings, c.hidden_size, dtype=_dtype(c),
+                                        param_dtype=jnp.float32,
+                                        embedding_init=init((None, "embed")))
+    self.token_type_embeddings = nn.Embed(c.type_vocab_size, c.hidden_size, dtype=_dtype(c),
+                                          param_dtype=jnp.float32,
+                                          embedding_init=init((None, "embed")))
+    self.LayerNorm = _layer_norm(c)
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
+    x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) +
+         self.position_embeddings(position_ids))              # [B, S, H]
+    return self.dropout(self.LayerNorm(x), deterministic=deterministic)
+
+  def attend(self, hidden):
+    """Logits against the (tied) token embedding matrix: [..., H] -> [..., V]."""
+    return self.word_embeddings.attend(hidden)
+
+
+class BertSelfAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool):
+    c = self.config
+    batch, seq_len, _ = x.shape
+    split = lambda t: t.reshape(batch, seq_len, c.num_attention_heads, c.head_dim)
+    q = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "query")(x))   # [B, S, N, D]
+    k = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "key")(x))     # [B, S, N, D]
+    v = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "value")(x))   # [B, S, N, D]
+    q = q / jnp.sqrt(c.head_dim).astype(q.dtype)
+    logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B,N,S,S]
+    probs = jax.nn.softmax(logits + bias, axis=-1).astype(_dtype(c))
+    probs = nn.Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+    context = jnp.einsum("bnqk,bknd->bqnd", probs, v)         # [B, S, N, D]
+    return context.reshape(batch, seq_len, c.hidden_size)     # [B, S, H]
+
+
+class BertResidualOutput(nn.Module):
+  """dense -> dropout -> LayerNorm(x + residual): the post-LN step after attention and FFN."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, residual, deterministic: bool):
+    c = self.config
+    axes = ("embed", "embed") if x.shape[-1] == c.hidden_size else ("mlp", "embed")
+    x = _dense(c, c.hidden_size, axes, "dense")(x)
+    x = nn.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
+    return _layer_norm(c)(x + residual)
+
+
+class BertAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool):
+    context = BertSelfAttention(self.config, name="self")(x, bias, deterministic)
+    return BertResidualOutput(self.config, name="output")(context, x, deterministic)
+
+
+class BertIntermediate(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    x = _dense(c, c.intermediate_size, ("embed", "mlp"), "dense")(x)   # [B, S, 4H]
+    return _activation(c.hidden_act)(x)
+
+
+class BertLayer(nn.Module):
+  """One post-LN Transformer block."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool):
+    x = BertAttention(self.config, name="attention")(x, bias, deterministic)
+    h = BertIntermediate(self.config, name="intermediate")(x)
+    return BertResidualOutput(self.config, name="output")(h, x, deterministic)
+
+
+class _ScannedLayer(nn.Module):
+  """Adapter giving BertLayer the (carry, x) -> (carry, y) signature of `nn.scan`."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool):
+    # `deterministic` is static (scan broadcasts it); the layer output is both the carry and the
+    # per-layer output that becomes the stacked hidden states.
+    x = BertLayer(self.config, name="layer")(x, bias, deterministic)
+    return x, x
+
+
+class BertEncoder(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool, output_hidden_states: bool = False):
+    """Returns (last hidden [B, S, H], all layer outputs [L, B, S, H] or None)."""
+    c = self.config
+    if c.scan_layers:
+      body = _ScannedLayer
+      if c.remat:
+        body = nn.remat(body, static_argnums=(3,))
+      scanned = nn.scan(
+          body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"})
+      x, stacked = scanned(c, name="layer")(x, bias, deterministic)
+      return x, (stacked if output_hidden_states else None)
+    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if c.remat else BertLayer
+    outputs = []
+    for i in range(c.num_hidden_layers):
+      x = layer_cls(c, name=f"layer_{i}")(x, bias, deterministic)
+      outputs.append(x)
+    return x, (jnp.stack(outputs) if output_hidden_states else None)
+
+
+class BertPooler(nn.Module):
+  """dense + tanh on the final hidden state of [CLS]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output):
+    c = self.config
+    first = sequence_output[:, 0]                             # [B, H]
+    return jnp.tanh(_dense(c, c.hidden_size, ("embed", "embed"), "dense")(first))
+
+
+class BertModel(nn.Module):
+  """The encoder. Returns a dict:
+
+    sequence_output  [B, S, H]  final hidden states
+    pooled_output    [B, H]     pooler on [CLS]
+    hidden_states    [L+1, B, S, H] embeddings then every layer (only if output_hidden_states)
+  """
+  config: BertConfig
+  add_pooling_layer: bool = True
+
+  def setup(self):
+    self.embeddings = BertEmbeddings(self.config)
+    self.encoder = BertEncoder(self.config)
+    if self.add_pooling_layer:
+      self.pooler = BertPooler(self.config)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+               deterministic: bool = True, output_hidden_states: bool = False) -> Dict[str, Array]:
+    c = self.config
+    check_inputs(c, input_ids, token_type_ids)
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)   # [B, S, H]
+    bias = attention_bias(attention_mask, c.causal_attention)
+    sequence_output, layers = self.encoder(x, bias, deterministic, output_hidden_states)
+    outputs = {"sequence_output": sequence_output}
+    if self.add_pooling_layer:
+      outputs["pooled_output"] = self.pooler(sequence_output)
+    if output_hidden_states:
+      outputs["hidden_states"] = jnp.concatenate([x[None], layers], axis=0)
+    return outputs
+
+  def attend(self, hidden):
+    return self.embeddings.attend(hidden)
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+  """[B, S, H] gathered at [B, P] -> [B, P, H]."""
+  return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class BertPredictions(nn.Module):
+  """Masked-LM head: transform (dense + act + LayerNorm), then logits against the tied embedding.
+
+  Only the gathered positions go through the transform and the vocabulary matmul, so the cost is
+  P rows per sequence rather than S (the sparse MLM head).
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden, embedding_attend):
+    c = self.config
+    h = _TransformModule(c, name="transform")(hidden)         # [..., H]
+    logits = embedding_attend(h)                              # [..., V]
+    output_bias = self.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), jnp.float32)
+    return logits.astype(jnp.float32) + output_bias
+
+
+class _TransformModule(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden):
+    c = self.config
+    h = _dense(c, c.hidden_size, ("embed", "embed"), "dense")(hidden)
+    return _layer_norm(c)(_activation(c.hidden_act)(h))
+
+
+class BertPreTrainingHeads(nn.Module):
+  """`cls/predictions` (masked LM) and `cls/seq_relationship` (NSP), as in the original."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, pooled_output, masked_lm_positions, embedding_attend):
+    hidden = sequence_output
+    if masked_lm_positions is not None:
+      hidden = gather_positions(sequence_output, masked_lm_positions)   # [B, P, H]
+    mlm_logits = BertPredictions(self.config, name="predictions")(hidden, embedding_attend)
+    nsp_logits = None
+    if pooled_output is not None:
+      nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
+                            kernel_init=_kernel_init(self.config, ("embed", None)),
+                            bias_init=_zeros((None,)), name="seq_relationship")(pooled_output)
+    return mlm_logits, nsp_logits
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + masked LM + next-sentence prediction heads.
+
+  With `masked_lm_positions` [B, P] the MLM head sees only those positions (logits [B, P, V]);
+  without, every position (logits [B, S, V]; the left-to-right ablation predicts every next
+  token). `use_nsp=False` drops the NSP head (the "No NSP" ablation).
+  """
+  config: BertConfig
+  use_nsp: bool = True
+
+  def setup(self):
+    self.bert = BertModel(self.config, add_pooling_layer=True)
+    self.cls = BertPreTrainingHeads(self.config)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               masked_lm_positions=None, position_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> Dict[str, Array]:
+    outputs = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                        deterministic=deterministic, output_hidden_states=output_hidden_states)
+    pooled = outputs["pooled_output"] if self.use_nsp else None
+    mlm_logits, nsp_logits = self.cls(outputs["sequence_output"], pooled, masked_lm_positions,
+                                      self.bert.attend)
+    outputs["mlm_logits"] = mlm_logits                        # [B, P or S, V] float32
+    if nsp_logits is not None:
+      outputs["nsp_logits"] = nsp_logits                      # [B, 2] float32
+    return outputs
+
+
+def init_params(model: nn.Module, rng, seq_len: int = 8, **call_kwargs) -> Dict[str, Any]:
+  """Initialised float32 parameters (logical-axis boxes removed)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  variables = model.init({"params": rng}, ids, **call_kwargs)
+  return nn.unbox(variables["params"])

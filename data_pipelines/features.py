@@ -1,0 +1,58 @@
+"""Names, dtypes and padding of pre-training records: the one contract between writer and reader.
+
+Statically masked records use exactly the original BERT release's feature names, so records made
+by the original `create_pretraining_data.py` are read here and ours are read by the original code:
+
+  input_ids, input_mask, segment_ids            int64 [max_seq_length], zero-padded
+  masked_lm_positions, masked_lm_ids            int64 [max_predictions_per_seq], zero-padded
+  masked_lm_weights                             float [max_predictions_per_seq], 1.0 real / 0.0 pad
+  next_sentence_labels                          int64 [1], 0 = B is the real next, 1 = B is random
+
+Records written with `--masking=dynamic` hold unmasked instances (the tf.data pipeline masks them
+at training time) and carry what whole-word masking needs instead of the masked_lm_* features:
+
+  is_word_continuation                          int64 [max_seq_length], 1 where a piece continues
+                                                the previous piece's word (WordPiece `##x`, or a
+                                                SentencePiece piece without the word-start mark)
+"""
+from typing import Dict
+
+import tensorflow as tf
+
+INPUT_IDS = "input_ids"
+INPUT_MASK = "input_mask"
+SEGMENT_IDS = "segment_ids"
+MASKED_LM_POSITIONS = "masked_lm_positions"
+MASKED_LM_IDS = "masked_lm_ids"
+MASKED_LM_WEIGHTS = "masked_lm_weights"
+NEXT_SENTENCE_LABELS = "next_sentence_labels"
+IS_WORD_CONTINUATION = "is_word_continuation"
+
+# NSP label values of the original records.
+IS_NEXT = 0
+NOT_NEXT = 1
+
+
+def static_feature_spec(max_seq_length: int,
+                        max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
+  """Parsing spec of the original release's statically masked records."""
+  return {
+      INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      SEGMENT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      MASKED_LM_POSITIONS: tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+      MASKED_LM_IDS: tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+      MASKED_LM_WEIGHTS: tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+      NEXT_SENTENCE_LABELS: tf.io.FixedLenFeature([1], tf.int64),
+  }
+
+
+def dynamic_feature_spec(max_seq_length: int) -> Dict[str, tf.io.FixedLenFeature]:
+  """Parsing spec of unmasked records written for dynamic (training-time) masking."""
+  return {
+      INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      SEGMENT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      NEXT_SENTENCE_LABELS: tf.io.FixedLenFeature([1], tf.int64),
+      IS_WORD_CONTINUATION: tf.io.FixedLenFeature([max_seq_length], tf.int64),
+  }
