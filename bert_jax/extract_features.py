@@ -1,0 +1,190 @@
+r"""Contextual features from a pretrained BERT, in the original `extract_features.py` format.
+
+  python -m bert_jax.extract_features --input_file=input.txt --output_file=features.jsonl \
+    --init_checkpoint=PATH --vocab_file=vocab.txt --layers=-1,-2,-3,-4 --max_seq_length=128
+
+Each input line is a text, or a pair written `text_a ||| text_b`. Output: one JSON line per input
+line, `{"linex_index": i, "features": [{"token": t, "layers": [{"index": -1, "values": [...]},
+...]}, ...]}` over every token including [CLS] and [SEP] (values rounded to 6 decimals, as the
+original). Layer -1 is the last encoder layer; -(L+1) is the embedding output.
+
+With `--pooling=cls|mean` the output is one sentence vector per line instead:
+`{"linex_index": i, "pooling": "mean", "layer": -1, "values": [...]}` (mean over the real tokens,
+or the [CLS] hidden state, of the first layer in --layers).
+"""
+import json
+import os
+import re
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from bert_jax import checkpoints, modeling
+
+_PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
+
+
+def read_examples(path: str) -> Iterator[Tuple[int, str, Optional[str]]]:
+  """(line index, text_a, text_b or None) for every line; streamed, never all in memory."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"Input file not found: {path}")
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for index, line in enumerate(f):
+      line = line.rstrip("\n")
+      match = _PAIR.match(line)
+      if match:
+        yield index, match.group(1), match.group(2)
+      else:
+        yield index, line, None
+
+
+def truncate_seq_pair(tokens_a: List[str], tokens_b: List[str], max_length: int) -> None:
+  """The original's truncation: pop from the longer list until the pair fits."""
+  while len(tokens_a) + len(tokens_b) > max_length:
+    (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+
+
+def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
+  """[CLS] A [SEP] (B [SEP]) -> (tokens, ids, segment ids), truncated as the original."""
+  tokens_a = tokenizer.tokenize(text_a)
+  tokens_b = tokenizer.tokenize(text_b) if text_b is not None else None
+  if tokens_b is not None:
+    truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
+  else:
+    tokens_a = tokens_a[:max_seq_length - 2]
+  tokens = ["[CLS]"] + tokens_a + ["[SEP]"]
+  segments = [0] * len(tokens)
+  if tokens_b is not None:
+    tokens += tokens_b + ["[SEP]"]
+    segments += [1] * (len(tokens_b) + 1)
+  ids = tokenizer.convert_tokens_to_ids(tokens)
+  return tokens, ids, segments
+
+
+class FeatureExtractor:
+  """A jitted encoder with fixed shapes (one compilation for the whole file)."""
+
+  def __init__(self, init_checkpoint: str, max_seq_length: int = 128, batch_size: int = 32,
+               dtype: str = "float32"):
+    self.config, params = checkpoints.load_pretrained(init_checkpoint)
+    self.config = self.config.replace(dtype=dtype)
+    if max_seq_length > self.config.max_position_embeddings:
+      raise ValueError(f"--max_seq_length={max_seq_length} exceeds the checkpoint's position "
+                       f"table (max_position_embeddings={self.config.max_position_embeddings})")
+    self.params = jax.device_put(params["bert"])
+    self.max_seq_length, self.batch_size = max_seq_length, batch_size
+    model = modeling.BertModel(self.config)
+
+    @jax.jit
+    def run(params, ids, mask, segments):
+      out = model.apply({"params": params}, ids, mask, segments, output_hidden_states=True)
+      return out["hidden_states"]                             # [L+1, B, S, H]
+
+    self._run = run
+
+  def hidden_states(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """[B, S] numpy inputs (B <= batch_size) -> [L+1, B, S, H] float32 numpy."""
+    modeling.check_inputs(self.config, ids, segments)  # clear errors before any compilation
+    rows = ids.shape[0]
+    pad = lambda x: np.pad(x, ((0, self.batch_size - rows), (0, self.max_seq_length - x.shape[1])))
+    out = self._run(self.params, pad(ids), pad(mask), pad(segments))
+    return np.asarray(out[:, :rows], np.float32)
+
+
+def _batches(examples, tokenizer, max_seq_length: int, batch_size: int):
+  batch = []
+  for index, text_a, text_b in examples:
+    batch.append((index,) + encode(tokenizer, text_a, text_b, max_seq_length))
+    if len(batch) == batch_size:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
+
+
+def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
+            layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128,
+            batch_size: int = 32, pooling: Optional[str] = None) -> int:
+  """Writes the features of every line of `input_file`; returns the number of lines."""
+  if pooling not in (None, "", "cls", "mean"):
+    raise ValueError(f"--pooling={pooling!r}: expected cls or mean")
+  extractor = FeatureExtractor(init_checkpoint, max_seq_length, batch_size)
+  num_states = extractor.config.num_hidden_layers + 1
+  for layer in layers:
+    if not -num_states <= layer < num_states:
+      raise ValueError(f"--layers: {layer} is out of range for {num_states - 1} layers "
+                       f"(use -1..-{num_states})")
+  if tokenizer.vocab_size > extractor.config.vocab_size:
+    raise ValueError(f"The vocabulary has {tokenizer.vocab_size} entries but the checkpoint "
+                     f"{init_checkpoint} has vocab_size={extractor.config.vocab_size}")
+  os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+  count = 0
+  with open(output_file, "w", encoding="utf-8") as out:
+    for batch in _batches(read_examples(input_file), tokenizer, max_seq_length, batch_size):
+      length = max(len(b[2]) for b in batch)
+      ids = np.zeros((len(batch), length), np.int32)
+      segments, mask = np.zeros_like(ids), np.zeros_like(ids)
+      for row, (_, _, token_ids, segment_ids) in enumerate(batch):
+        ids[row, :len(token_ids)] = token_ids
+        segments[row, :len(token_ids)] = segment_ids
+        mask[row, :len(token_ids)] = 1
+      states = extractor.hidden_states(ids, mask, segments)   # [L+1, B, S, H]
+      for row, (index, tokens, _, _) in enumerate(batch):
+        if pooling:
+          layer_states = states[layers[0], row, :len(tokens)]  # [T, H]
+          vector = layer_states[0] if pooling == "cls" else layer_states.mean(axis=0)
+          record = {"linex_index": index, "pooling": pooling, "layer": layers[0],
+                    "values": [round(float(x), 6) for x in vector]}
+        else:
+          record = {"linex_index": index, "features": [
+              {"token": token, "layers": [
+                  {"index": layer, "values": [round(float(x), 6) for x in states[layer, row, t]]}
+                  for layer in layers]}
+              for t, token in enumerate(tokens)]}
+        out.write(json.dumps(record) + "\n")
+        count += 1
+  return count
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("input_file", None, "Text, one example per line; pairs as 'a ||| b'.")
+  flags.DEFINE_string("output_file", None, "Where the JSON lines go.")
+  flags.DEFINE_string("init_checkpoint", None, "Any checkpoint load_pretrained accepts.")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: vocab.txt beside the "
+                      "checkpoint).")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model instead of --vocab_file.")
+  flags.DEFINE_string("layers", "-1,-2,-3,-4", "Layer indices to output.")
+  flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated.")
+  flags.DEFINE_bool("do_lower_case", True, "Lower-case (uncased models).")
+  flags.DEFINE_integer("batch_size", 32, "Sequences per forward pass.")
+  flags.DEFINE_enum("pooling", "", ["", "cls", "mean"],
+                    "Write one pooled sentence vector per line instead of per-token features.")
+  flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
+
+
+def main(argv):
+  del argv
+  from bert_jax import tokenization
+  vocab_file = FLAGS.vocab_file
+  if not vocab_file and not FLAGS.spm_model_file:
+    base = FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(
+        FLAGS.init_checkpoint)
+    vocab_file = os.path.join(base, "vocab.txt")
+  tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file or None,
+                                            spm_model_file=FLAGS.spm_model_file,
+                                            do_lower_case=FLAGS.do_lower_case)
+  layers = [int(x) for x in FLAGS.layers.split(",") if x.strip()]
+  count = extract(FLAGS.input_file, FLAGS.output_file, FLAGS.init_checkpoint, tokenizer, layers,
+                  FLAGS.max_seq_length, FLAGS.batch_size, FLAGS.pooling or None)
+  print(f"Wrote features of {count} lines to {FLAGS.output_file}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,40 @@
+r"""Entry point: `python -m bert_jax.main --config=experiments/NAME.py[:ARGS] --workdir=DIR`.
+
+Fields are overridden from the command line, e.g. `--config.learning_rate=5e-5`. The command is
+idempotent: run it again after an interruption and it resumes from the newest checkpoint.
+"""
+import os
+
+# TensorFlow (the input pipeline) must never take the accelerators from JAX.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (get_config).",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (multi-host outside TPU VMs).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  import tensorflow as tf
+  tf.config.set_visible_devices([], "GPU")
+  import jax
+  if _COORDINATOR.value or _NUM_PROCESSES.value:
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID"):
+    jax.distributed.initialize()  # TPU VM pod slices configure themselves
+  from bert_jax import tasks
+  tasks.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

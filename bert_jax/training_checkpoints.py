@@ -1,0 +1,143 @@
+"""Orbax checkpoints of a training run: model and optimizer state plus the input position.
+
+Layout: `WORKDIR/checkpoints/<step>/state` (the TrainState pytree) and
+`WORKDIR/checkpoints/<step>/data/process_<i>` (each host's tf.data iterator), written together so a
+restart continues from exactly the batch after the checkpoint. Orbax finalises a step directory
+atomically, so a run killed mid-save leaves no half checkpoint behind. A step directory that is
+complete but unreadable (truncated or corrupted on disk) is moved to `WORKDIR/checkpoints_corrupt/`
+with a loud message and the previous one is used; a run never silently restarts from scratch.
+"""
+import dataclasses
+import os
+import shutil
+import time
+from typing import Any, Optional, Tuple
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from bert_jax.config import BertConfig
+
+BERT_CONFIG = "bert_config.json"
+
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+  """Saves a `PipelineIterator` (tf.data iterator state) of each process in the step directory."""
+
+  def save(self, directory: epath.Path, args: "DataIteratorSave"):
+    target = directory / f"process_{jax.process_index()}"
+    target.mkdir(parents=True, exist_ok=True)
+    args.iterator.save(os.fspath(target))
+
+  def restore(self, directory: epath.Path, args: "DataIteratorRestore"):
+    source = directory / f"process_{jax.process_index()}"
+    if not source.exists():
+      raise FileNotFoundError(f"No input-pipeline state for process {jax.process_index()} in "
+                              f"{directory}; was the run started with another process count?")
+    args.iterator.restore(os.fspath(source))
+    return args.iterator
+
+  def metadata(self, directory):
+    return None
+
+  def finalize(self, directory):
+    pass
+
+  def close(self):
+    pass
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataIteratorSave(ocp.args.CheckpointArgs):
+  iterator: Any
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorRestore(ocp.args.CheckpointArgs):
+  iterator: Any
+
+
+class TrainingCheckpointer:
+  """Async saves every N steps, keeps the last `keep`, restores the newest readable one."""
+
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.corrupt_directory = os.path.join(os.path.abspath(workdir), "checkpoints_corrupt")
+    self._keep = keep
+    self._async = async_save
+    self._manager = self._new_manager()
+
+  def _new_manager(self) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
+                                           enable_async_checkpointing=self._async,
+                                           cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state, iterator=None, force: bool = False) -> bool:
+    items = {"state": ocp.args.StandardSave(state)}
+    if iterator is not None:
+      items["data"] = DataIteratorSave(iterator)
+    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def restore_latest(self, abstract_state, iterator=None) -> Tuple[Optional[int], Any]:
+    """(step, state) of the newest readable checkpoint, or (None, None) if there is none.
+
+    `abstract_state` gives the tree structure, shapes, dtypes and shardings to restore into.
+    """
+    while True:
+      step = self._manager.latest_step()
+      if step is None:
+        return None, None
+      items = {"state": ocp.args.StandardRestore(abstract_state)}
+      if iterator is not None:
+        items["data"] = DataIteratorRestore(iterator)
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return step, restored["state"]
+      except Exception as e:  # pylint: disable=broad-except
+        self._set_aside(step, e)
+
+  def _set_aside(self, step: int, error: Exception) -> None:
+    os.makedirs(self.corrupt_directory, exist_ok=True)
+    source = os.path.join(self.directory, str(step))
+    target = os.path.join(self.corrupt_directory, f"{step}-{int(time.time())}")
+    message = (f"CHECKPOINT AT STEP {step} IS UNREADABLE ({type(error).__name__}: {error}). "
+               f"Moved it to {target}; falling back to the previous checkpoint.")
+    logging.error(message)
+    print(f"\n!!! {message}\n", flush=True)
+    if jax.process_index() == 0:
+      shutil.move(source, target)
+    self._manager.close()
+    self._manager = self._new_manager()
+
+
+def load_params_from_workdir(workdir: str):
+  """(BertConfig, params) from the newest checkpoint of a training workdir (e.g. phase 1)."""
+  from bert_jax import checkpoints  # avoid an import cycle
+  config_path = os.path.join(workdir, BERT_CONFIG)
+  config = BertConfig.from_json_file(config_path)
+  checkpointer = TrainingCheckpointer(workdir, async_save=False)
+  step = checkpointer.latest_step()
+  if step is None:
+    raise FileNotFoundError(f"{workdir} has no complete checkpoint under checkpoints/")
+  manager = checkpointer._manager  # pylint: disable=protected-access
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  params = jax.tree_util.tree_map(lambda x: x, restored["state"]["params"])
+  checkpointer.close()
+  flat = checkpoints.flatten(checkpoints._per_layer(params, config))  # pylint: disable=protected-access
+  logging.info("Loaded params of step %d from %s", step, workdir)
+  return config, checkpoints.check_and_unflatten(flat, config, f"{workdir} (step {step})")

@@ -1,0 +1,67 @@
+"""Defaults shared by every pre-training experiment (each field documented once, here).
+
+Experiments import `get_config()` from this file and override what differs; the argument after
+the colon (`--config=experiments/pretrain_bert_base.py:phase=2,quick`) is parsed by `parse_arg`.
+"""
+import ml_collections
+
+from bert_jax.config import BertConfig
+from bert_jax.optim import default_optimizer_config
+
+
+def parse_arg(arg, **defaults):
+  """'a=1,quick' -> {'a': '1', 'quick': True} over `defaults` (values keep the default's type)."""
+  values = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    if key not in values:
+      raise ValueError(f"Unknown experiment argument {key!r}; expected one of {sorted(values)}")
+    if not value:
+      values[key] = True
+    elif isinstance(values[key], bool):
+      values[key] = value.lower() in ("1", "true", "yes")
+    else:
+      values[key] = type(values[key])(value)
+  return values
+
+
+def get_config(size: str = "base") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = "pretraining"
+  # The BertConfig fields (bert_config.json names) plus dtype/scan_layers/remat.
+  c.model = BertConfig.named(size).to_dict()
+  c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
+  c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
+  c.seed = 0
+
+  c.global_batch_size = 256          # sequences per step, all hosts together
+  c.eval_batch_size = 64
+  c.max_seq_length = 128
+  c.max_predictions_per_seq = 20
+  c.num_train_steps = 1_000_000
+  c.warmup_steps = 10_000
+  c.learning_rate = 1e-4
+  c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
+  c.grad_accum_steps = 1                     # micro-batches per update (same update as the batch)
+  c.max_consecutive_skips = 10               # abort after this many non-finite steps in a row
+
+  c.log_every_steps = 100
+  c.eval_every_steps = 10_000
+  c.eval_steps = 100                 # 0 = the whole eval set
+  c.checkpoint_every_steps = 10_000
+  c.keep_checkpoints = 3
+  c.async_checkpointing = True
+
+  c.data = ml_collections.ConfigDict()
+  c.data.input_files = ""            # comma list or glob of TFRecords (create_pretraining_data)
+  c.data.eval_input_files = ""
+  c.data.masking = "dynamic"         # dynamic: mask while reading | static: records are masked
+  c.data.mask_mixture = "80/10/10"   # MASK/SAME/RND, appendix C.2
+  c.data.masked_lm_prob = 0.15
+  c.data.whole_word_mask = False
+  c.data.vocab_file = ""             # needed for dynamic masking (special-token ids)
+  c.data.spm_model_file = ""
+  c.data.do_lower_case = True
+  c.data.shuffle_buffer_size = 10_000
+  c.data.prepare_demo_corpus = False
+  return c
