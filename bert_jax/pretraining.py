@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from bert_jax import checkpoints, modeling, optim, sharding
+from bert_jax import checkpoints, modeling, optim, parallel
 from bert_jax import training_checkpoints as tc
 from bert_jax.config import BertConfig
 from bert_jax.metric_writers import MetricWriter
@@ -137,17 +137,22 @@ def _target_weights(batch, objective):
 
 
 def train_step(state: TrainState, batch, rng, *, model, tx, objective, schedule,
-               grad_accum_steps: int = 1):
+               grad_accum_steps: int = 1, axis_name: Optional[str] = None):
   """One optimizer update. Pure: the same (state, batch, rng) always gives the same result.
 
   With `grad_accum_steps` > 1 the batch is split into micro-batches whose losses are normalised by
   the *whole* batch's weight totals, so the summed gradient is the large batch's gradient exactly
-  (up to float summation order), not a mean of per-micro-batch means.
+  (up to float summation order), not a mean of per-micro-batch means. Under `pmap`
+  (`axis_name` set) the same holds across devices: each device's loss is normalised by the global
+  totals and the gradients are summed, which equals one device running the global batch.
   """
   step_rng = jax.random.fold_in(rng, state.step)
-  # Normalisers of the whole batch (spec: MLM loss = sum(w * nll) / (sum(w) + 1e-5)).
-  mlm_total = jnp.sum(_target_weights(batch, objective)) + 1e-5
-  nsp_total = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  total = (lambda x: jax.lax.psum(x, axis_name)) if axis_name else (lambda x: x)
+  if axis_name:
+    step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
+  # Normalisers of the whole (global) batch (spec: MLM loss = sum(w * nll) / (sum(w) + 1e-5)).
+  mlm_total = total(jnp.sum(_target_weights(batch, objective))) + 1e-5
+  nsp_total = total(jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
 
   def loss_fn(params, micro_batch, micro_rng):
     terms = loss_terms(model, params, micro_batch, objective, micro_rng, deterministic=False)
@@ -175,6 +180,8 @@ def train_step(state: TrainState, batch, rng, *, model, tx, objective, schedule,
         jax.eval_shape(lambda: (state.params, grad_fn(state.params, first, step_rng)[0][1])))
     (grads, terms), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
 
+  if axis_name:
+    grads, terms = total((grads, terms))
   loss, metrics = loss_from_terms(terms)
   updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
@@ -260,23 +267,20 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _mean_metrics(device_metrics) -> Dict[str, float]:
-  return {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-
-
-def evaluate(config, model, params, mesh, p_eval_step) -> Dict[str, float]:
+def evaluate(config, params, p_eval_step) -> Dict[str, float]:
+  """Metrics over the held-out records (`config.eval_steps` batches, 0 = all of them)."""
   from data_pipelines import input_pipeline
   dataset = input_pipeline_for(config, training=False)
   totals = None
   for i, batch in enumerate(input_pipeline.PipelineIterator(dataset)):
     if config.eval_steps and i >= config.eval_steps:
       break
-    terms = p_eval_step(params, sharding.shard_batch(batch, mesh))
+    terms = p_eval_step(params, batch)
     totals = terms if totals is None else jax.tree_util.tree_map(jnp.add, totals, terms)
   if totals is None:
     raise ValueError(f"Evaluation data {config.data.eval_input_files} produced no batch")
   _, metrics = loss_from_terms(totals)
-  return _mean_metrics(metrics)
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
 def input_pipeline_for(config, training: bool):
@@ -322,59 +326,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     bert_config.to_json_file(os.path.join(workdir, tc.BERT_CONFIG), include_runtime=True)
   model = build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
-  mesh = sharding.create_mesh(config)
+  par = parallel.create(config)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
 
-  state, state_sharding = sharding.create_sharded_state(
-      lambda: create_train_state(config, model, tx, init_rng), mesh)
+  state = par.init_state(lambda: create_train_state(config, model, tx, init_rng))
   step_fn = functools.partial(train_step, model=model, tx=tx, objective=config.objective,
                               schedule=schedule, grad_accum_steps=config.grad_accum_steps)
-  p_train_step = jax.jit(step_fn, in_shardings=(state_sharding, sharding.batch_sharding(mesh),
-                                                sharding.replicated(mesh)),
-                         out_shardings=(state_sharding, sharding.replicated(mesh)),
-                         donate_argnums=(0,))
+  p_train_step = par.compile_step(step_fn)
   p_eval_step = jax.jit(functools.partial(eval_step, model=model, objective=config.objective))
 
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True))
   checkpointer = tc.TrainingCheckpointer(workdir, keep=config.keep_checkpoints,
                                          async_save=config.async_checkpointing)
-  restored_step, restored = checkpointer.restore_latest(
-      jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                             state), iterator)
+  restored_step, restored = checkpointer.restore_latest(par.abstract_state(state), iterator)
   if restored is not None:
-    state = restored
+    state = par.from_checkpoint(restored)
     print(f"Resumed from the checkpoint at step {restored_step} in {checkpointer.directory}",
           flush=True)
   elif config.init_checkpoint:
-    params = jax.device_put(load_init_checkpoint(config, state.params), state_sharding.params)
-    opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(params)
-    state = state.replace(params=params, opt_state=opt_state)
+    host = jax.device_get(par.checkpointable(state))
+    params = load_init_checkpoint(config, host.params)
+    state = par.place_state(host.replace(params=params, opt_state=tx.init(params)))
     print(f"Initialised from {config.init_checkpoint}", flush=True)
-  start_step = int(jax.device_get(state.step))
+  start_step = int(np.asarray(par.metrics({"step": state.step})["step"]))
   writer = MetricWriter(workdir, resume_step=start_step)
 
   last: Dict[str, float] = {}
   window_start, window_steps = time.time(), 0
   tokens_per_batch = config.global_batch_size * config.max_seq_length
-  with _Preemption() as preemption, mesh:
+  with _Preemption() as preemption, par.mesh:
     step = start_step
     while step < config.num_train_steps:
-      batch = sharding.shard_batch(next(iterator), mesh)
-      state, metrics = p_train_step(state, batch, dropout_rng)
+      state, metrics = p_train_step(state, par.put_batch(next(iterator)), dropout_rng)
       step += 1
       window_steps += 1
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        last = _mean_metrics(metrics)
-        last["skipped_steps_total"] = float(jax.device_get(state.total_skips))
+        last = {k: float(v) for k, v in par.metrics(metrics).items()}
+        counters = par.metrics({"total": state.total_skips, "run": state.consecutive_skips})
+        last["skipped_steps_total"] = float(counters["total"])
         elapsed = max(time.time() - window_start, 1e-9)
         last.update(steps_per_sec=window_steps / elapsed,
                     sequences_per_sec=window_steps * config.global_batch_size / elapsed,
                     tokens_per_sec=window_steps * tokens_per_batch / elapsed)
         writer.write(step, "train", last)
         writer.console(step, config.num_train_steps, "train", last)
-        consecutive = int(jax.device_get(state.consecutive_skips))
+        consecutive = int(counters["run"])
         if consecutive:
           logging.warning("Step %d: %d non-finite step(s) in a row were skipped.", step,
                           consecutive)
@@ -387,14 +385,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         window_start, window_steps = time.time(), 0
       if config.eval_every_steps and config.data.eval_input_files and (
           step % config.eval_every_steps == 0 or step == config.num_train_steps):
-        eval_metrics = evaluate(config, model, state.params, mesh, p_eval_step)
+        eval_metrics = evaluate(config, par.checkpointable(state).params, p_eval_step)
         writer.write(step, "eval", eval_metrics)
         writer.console(step, config.num_train_steps, "eval", eval_metrics)
         last.update({f"eval_{k}": v for k, v in eval_metrics.items()})
         window_start = time.time()
       if (step % config.checkpoint_every_steps == 0 or step == config.num_train_steps
           or preemption.requested):
-        checkpointer.save(step, state, iterator, force=True)
+        checkpointer.save(step, par.checkpointable(state), iterator, force=True)
       if preemption.requested:
         checkpointer.wait()
         print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)

@@ -42,6 +42,7 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.warmup_steps = 10_000
   c.learning_rate = 1e-4
   c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
+  c.parallelism = "jit"                      # jit over the device mesh | pmap
   c.grad_accum_steps = 1                     # micro-batches per update (same update as the batch)
   c.max_consecutive_skips = 10               # abort after this many non-finite steps in a row
 

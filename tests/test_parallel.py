@@ -1,0 +1,22 @@
+"""jit over a mesh and pmap on 8 simulated CPU devices give the single-device result."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_jit_mesh_and_pmap_match_a_single_device():
+  # A fresh process: the simulated device count is fixed when jax is first imported.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, os.path.join(HERE, "parallel_equivalence.py")],
+                       capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(report["jit"], report["single"], rtol=1e-5)
+  np.testing.assert_allclose(report["pmap"], report["single"], rtol=1e-5)
+  assert report["max_param_diff"]["jit"] < 1e-5
+  assert report["max_param_diff"]["pmap"] < 1e-5
