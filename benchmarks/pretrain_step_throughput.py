@@ -1,0 +1,149 @@
+r"""Pre-training step throughput: bert_jax vs Hugging Face `transformers` PyTorch, in one run.
+
+  python benchmarks/pretrain_step_throughput.py --sizes=mini,small --batch=32 --seq=128
+
+Both sides train `BertForPreTraining` of the same size (vocab 30522), batch, sequence length and
+number of masked positions (20) with AdamW, fp32, on the same CPU threads. The peer computes MLM
+logits at every position (how `transformers` works); bert_jax only at the masked ones.
+
+Useful FLOPs per step = 6 * (encoder matmul params) * tokens  + attention (12 * L * S^2 * H per
+sequence, fwd+bwd)  + the masked-only MLM head (6 * P * (H^2 + H * V))  + pooler/NSP. Utilisation is
+that over the measured float32 matmul rate of this machine (a 2048^3 matmul in the same run).
+"""
+import argparse
+import functools
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bert_jax import optim, pretraining  # noqa: E402
+from bert_jax.config import NAMED_SIZES  # noqa: E402
+from experiments import pretraining_defaults  # noqa: E402
+
+VOCAB, MASKED = 30522, 20
+
+
+def make_batch(batch, seq, seed=0):
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(1000, VOCAB, size=(batch, seq)).astype(np.int32)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), MASKED, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids),
+          "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int32).repeat(batch, 0),
+          "masked_lm_positions": positions,
+          "masked_lm_ids": rng.randint(1000, VOCAB, size=(batch, MASKED)).astype(np.int32),
+          "masked_lm_weights": np.ones((batch, MASKED), np.float32),
+          "next_sentence_labels": rng.randint(0, 2, size=(batch, 1)).astype(np.int32)}
+
+
+def useful_flops(layers, hidden, batch, seq):
+  inter = 4 * hidden
+  encoder = layers * (4 * hidden * hidden + 2 * hidden * inter)
+  dense = 6 * encoder * batch * seq
+  attention = 12 * layers * seq * seq * hidden * batch
+  mlm = 6 * batch * MASKED * (hidden * hidden + hidden * VOCAB)
+  pooler = 6 * batch * (hidden * hidden + 2 * hidden)
+  return dense + attention + mlm + pooler
+
+
+def time_it(fn, steps, warmup=2):
+  for _ in range(warmup):
+    fn()
+  start = time.perf_counter()
+  for _ in range(steps):
+    fn()
+  return (time.perf_counter() - start) / steps
+
+
+def matmul_peak(n=2048, steps=10):
+  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  sec = time_it(lambda: f(a).block_until_ready(), steps)
+  return 2 * n ** 3 / sec
+
+
+def bench_jax(size, batch, seq, steps):
+  c = pretraining_defaults.get_config(size)
+  c.model.vocab_size = VOCAB
+  c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
+  c.num_train_steps, c.warmup_steps = 1000, 10
+  model = pretraining.build_model(c)
+  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
+  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
+  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
+                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
+  batch_data = jax.device_put(make_batch(batch, seq))
+  rng = jax.random.PRNGKey(1)
+  holder = [state]
+
+  def one():
+    holder[0], metrics = step(holder[0], batch_data, rng)
+    metrics["loss"].block_until_ready()
+
+  return time_it(one, steps)
+
+
+def bench_torch(size, batch, seq, steps, threads):
+  import torch
+  import transformers
+  torch.set_num_threads(threads)
+  layers, hidden = NAMED_SIZES[size]
+  config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+  model = transformers.BertForPreTraining(config).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
+                          weight_decay=0.01)
+  data = make_batch(batch, seq)
+  labels = np.full((batch, seq), -100, np.int64)
+  np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
+  inputs = {"input_ids": torch.tensor(data["input_ids"], dtype=torch.long),
+            "attention_mask": torch.tensor(data["input_mask"], dtype=torch.long),
+            "token_type_ids": torch.tensor(data["segment_ids"], dtype=torch.long),
+            "labels": torch.tensor(labels),
+            "next_sentence_label": torch.tensor(data["next_sentence_labels"][:, 0],
+                                                dtype=torch.long)}
+
+  def one():
+    opt.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  return time_it(one, steps)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--sizes", default="mini,small")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--threads", type=int, default=os.cpu_count())
+  args = parser.parse_args()
+  peak = matmul_peak()
+  print(f"machine: {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__} "
+        f"on {jax.devices()[0].platform}; float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s")
+  for size in args.sizes.split(","):
+    layers, hidden = NAMED_SIZES[size]
+    jax_sec = bench_jax(size, args.batch, args.seq, args.steps)
+    torch_sec = bench_torch(size, args.batch, args.seq, args.steps, args.threads)
+    flops = useful_flops(layers, hidden, args.batch, args.seq)
+    result = {"size": size, "batch": args.batch, "seq": args.seq,
+              "bert_jax_steps_per_sec": round(1 / jax_sec, 3),
+              "torch_steps_per_sec": round(1 / torch_sec, 3),
+              "ratio": round(torch_sec / jax_sec, 2),
+              "bert_jax_useful_gflops": round(flops / jax_sec / 1e9, 1),
+              "utilisation_vs_matmul": round(flops / jax_sec / peak, 3)}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  main()
