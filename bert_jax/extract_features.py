@@ -111,6 +111,8 @@ def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
   """Writes the features of every line of `input_file`; returns the number of lines."""
   if pooling not in (None, "", "cls", "mean"):
     raise ValueError(f"--pooling={pooling!r}: expected cls or mean")
+  if not os.path.exists(input_file):  # fail before loading the checkpoint
+    raise FileNotFoundError(f"Input file not found: {input_file}")
   extractor = FeatureExtractor(init_checkpoint, max_seq_length, batch_size)
   num_states = extractor.config.num_hidden_layers + 1
   for layer in layers:

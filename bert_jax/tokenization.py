@@ -1,0 +1,581 @@
+"""BERT tokenization: WordPiece (`FullTokenizer`) and SentencePiece (`SentencePieceTokenizer`).
+
+`FullTokenizer` gives token for token what the reference gives: Hugging Face's slow Python
+`BertTokenizer` (`BertTokenizerLegacy` in transformers 5), which is the original
+google-research/bert `tokenization.py` with three differences that we follow because parity with
+it is the requirement:
+  * special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]) written in the text are cut out before anything
+    else and never split or lower-cased;
+  * the whole text is NFC-normalised after cleaning (this only changes results when not
+    lower-casing, e.g. "e" + U+0301 becomes "é");
+  * every Unicode "C*" character is dropped while cleaning (the original drops only Cc and Cf;
+    HF also drops private-use Co, unassigned Cn and lone surrogates Cs).
+`max_input_chars_per_word` defaults to 200 like the original (HF uses 100).
+
+Engine: normalisation (cleaning, CJK spacing, NFC, lower-casing, accent stripping, punctuation
+splitting) runs in Python but only as whole-string C operations (`re.sub`, `str.lower`,
+`unicodedata.normalize`) over character classes built from Python's own `unicodedata`, the tables the
+reference uses. The greedy WordPiece step runs in Hugging Face `tokenizers` (Rust). We do not use the
+Rust `BertNormalizer`/`BertPreTokenizer`: checked codepoint by codepoint they differ from the
+reference on about 800 assigned characters (older Unicode tables in Rust, no NFC, no final-sigma
+lower-casing), so they cannot give parity. `BasicTokenizer` + `WordpieceTokenizer` are the same
+algorithm in pure Python (used when `tokenizers` is missing, and by the tests as a cross-check).
+"""
+import collections
+import os
+import re
+import threading
+import unicodedata
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+try:  # The fast WordPiece engine; a pure-Python path does the same work without it.
+  import tokenizers as _hf_tokenizers
+except ImportError:  # pragma: no cover - tokenizers is a declared dependency
+  _hf_tokenizers = None
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+
+# The reference (HF) cuts these out of the raw text with a trie before any normalisation.
+_SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
+_SPECIAL_SET = frozenset(SPECIAL_TOKENS)
+
+TextLike = Union[str, bytes]
+
+
+def convert_to_unicode(text) -> str:
+  """Returns `text` as `str`. Bytes are decoded as UTF-8 with invalid bytes dropped.
+
+  Dropping (errors="ignore") is what the original BERT code does. Tokens cannot tell it apart from
+  errors="replace" except inside a special token: U+FFFD is removed while cleaning anyway, so
+  b"ab\\xffcd" gives the same tokens either way, but b"[CL\\xffS]" becomes "[CLS]" only with "ignore".
+  """
+  if isinstance(text, str):
+    return text
+  if isinstance(text, (bytes, bytearray)):
+    return bytes(text).decode("utf-8", "ignore")
+  raise ValueError(f"Unsupported string type: {type(text)}")
+
+
+def printable_text(text) -> str:
+  """The original's helper for logging; in Python 3 the same as `convert_to_unicode`."""
+  return convert_to_unicode(text)
+
+
+def load_vocab(vocab_file: str) -> Dict[str, int]:
+  """Ordered token -> id from a file with one token per line (id = line number).
+
+  Read exactly as HF reads it (text mode, only the trailing newline removed) so that both agree on
+  every vocabulary. A token listed twice keeps its last id, as in both references.
+  """
+  if not vocab_file or not os.path.isfile(vocab_file):
+    raise FileNotFoundError(f"WordPiece vocabulary file not found: {vocab_file!r}")
+  vocab = collections.OrderedDict()
+  with open(vocab_file, "r", encoding="utf-8") as reader:
+    for index, token in enumerate(reader):
+      vocab[token.rstrip("\n")] = index
+  if not vocab:
+    raise ValueError(f"WordPiece vocabulary file is empty: {vocab_file}")
+  return vocab
+
+
+def convert_by_vocab(vocab, items) -> list:
+  """Maps every item through `vocab` (a KeyError names the first unknown item)."""
+  return [vocab[item] for item in items]
+
+
+def whitespace_tokenize(text: str) -> List[str]:
+  """Splits on Python whitespace (`str.split()`), as the reference does."""
+  return text.split()
+
+
+# ---------------------------------------------------------------------------------------------
+# Character classes, built once from Python's unicodedata (the tables the reference uses).
+
+
+def _class_from_codepoints(codepoints: Iterable[int]) -> str:
+  """A regex character class body, as ranges, for a sorted iterable of code points."""
+  parts = []
+  start = prev = None
+  for cp in codepoints:
+    if start is None:
+      start = prev = cp
+    elif cp == prev + 1:
+      prev = cp
+    else:
+      parts.append((start, prev))
+      start = prev = cp
+  if start is not None:
+    parts.append((start, prev))
+  # \\U escapes keep the pattern ASCII and cover surrogates and every plane.
+  return "".join(
+      f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in parts)
+
+
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _is_whitespace(char: str) -> bool:
+  """Reference `_is_whitespace`: space, tab, newline, CR and Unicode Zs."""
+  if char in " \t\n\r":
+    return True
+  return unicodedata.category(char) == "Zs"
+
+
+def _is_control(char: str) -> bool:
+  """Reference (HF) `_is_control`: any C* category except tab/newline/CR.
+
+  The original BERT code tests only Cc and Cf; HF (our parity target) drops Co/Cn/Cs too.
+  """
+  if char in "\t\n\r":
+    return False
+  return unicodedata.category(char).startswith("C")
+
+
+def _is_punctuation(char: str) -> bool:
+  """Reference `_is_punctuation`: all non-alphanumeric ASCII, and every Unicode P* category."""
+  cp = ord(char)
+  if (33 <= cp <= 47) or (58 <= cp <= 64) or (91 <= cp <= 96) or (123 <= cp <= 126):
+    return True
+  return unicodedata.category(char).startswith("P")
+
+
+def _is_chinese_char(cp: int) -> bool:
+  return any(a <= cp <= b for a, b in _CJK_RANGES)
+
+
+class _Tables:
+  """Compiled regexes for the whole-string normalisation steps."""
+
+  def __init__(self):
+    drop, space, mark, punct = [], [], [], []
+    for cp in range(0x110000):
+      char = chr(cp)
+      cat = unicodedata.category(char)
+      if cp == 0 or cp == 0xFFFD or (cat[0] == "C" and char not in "\t\n\r"):
+        drop.append(cp)
+      elif char in " \t\n\r" or cat == "Zs":
+        space.append(cp)
+      if cat == "Mn":
+        mark.append(cp)
+      if _is_punctuation(char):
+        punct.append(cp)
+    self.drop = re.compile("[" + _class_from_codepoints(drop) + "]+")
+    self.space = re.compile("[" + _class_from_codepoints(space) + "]")
+    self.mark = re.compile("[" + _class_from_codepoints(mark) + "]+")
+    # Each punctuation character is its own token: surrounding it with spaces is the same split.
+    self.punct = re.compile("([" + _class_from_codepoints(punct) + "])")
+    cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _CJK_RANGES)
+    self.cjk = re.compile("([" + cjk + "])")
+    # ASCII fast path: one str.translate does cleaning, whitespace and punctuation splitting.
+    table = {}
+    for cp in range(128):
+      char = chr(cp)
+      if cp in (0x09, 0x0A, 0x0D):
+        table[cp] = " "
+      elif unicodedata.category(char) == "Cc":  # 0-8, 11, 12, 14-31, 127 (0 included)
+        table[cp] = None
+      elif _is_punctuation(char):
+        table[cp] = f" {char} "
+    self.ascii_table = str.maketrans(table)
+
+
+_TABLES: Optional[_Tables] = None
+_TABLES_LOCK = threading.Lock()
+
+
+def _tables() -> _Tables:
+  global _TABLES
+  if _TABLES is None:
+    with _TABLES_LOCK:
+      if _TABLES is None:
+        _TABLES = _Tables()  # ~0.3 s: one pass over all code points
+  return _TABLES
+
+
+class BasicTokenizer:
+  """Cleaning, CJK spacing, (lower-casing + accent stripping), punctuation splitting.
+
+  `normalize(text)` returns the words joined by single spaces (what the WordPiece engine consumes);
+  `tokenize(text)` returns them as a list. Special tokens in the text are kept whole.
+  """
+
+  def __init__(self, do_lower_case: bool = True):
+    self.do_lower_case = do_lower_case
+
+  def tokenize(self, text: TextLike) -> List[str]:
+    return self.normalize(text).split(" ") if text else []
+
+  def normalize(self, text: TextLike) -> str:
+    """The words of `text`, separated by single spaces (no leading/trailing space)."""
+    text = convert_to_unicode(text)
+    if "[" in text and _SPECIAL_SPLIT.search(text):
+      # Pieces alternate: text, special token, text, ... (re.split with one capturing group).
+      pieces = _SPECIAL_SPLIT.split(text)
+      out = []
+      for i, piece in enumerate(pieces):
+        normalized = piece if i % 2 else self._normalize_piece(piece)
+        if normalized:
+          out.append(normalized)
+      return " ".join(out)
+    return self._normalize_piece(text)
+
+  def _normalize_piece(self, text: str) -> str:
+    """The reference `BasicTokenizer.tokenize` on text free of special tokens, as one string."""
+    if not text:
+      return ""
+    t = _tables()
+    if text.isascii():
+      # Cleaning can join "[CL\x01S]" into a special token, which the reference keeps whole.
+      if "[" in text and _SPECIAL_SPLIT.search(t.drop.sub("", text)):
+        return self._normalize_words(self._clean(text))
+      if self.do_lower_case:
+        text = text.lower()
+      # One translate does the cleaning, the whitespace mapping and the punctuation splitting.
+      return " ".join(text.translate(t.ascii_table).split())
+    text = self._clean(text)
+    if "[" in text and _SPECIAL_SPLIT.search(text):
+      return self._normalize_words(text)
+    return self._finish(text)
+
+  def _clean(self, text: str) -> str:
+    """Reference `_clean_text`, `_tokenize_chinese_chars` and the NFC step, in that order."""
+    t = _tables()
+    text = t.drop.sub("", text)
+    text = t.space.sub(" ", text)
+    if not text.isascii():
+      text = t.cjk.sub(r" \1 ", text)
+      text = unicodedata.normalize("NFC", text)
+    return text
+
+  def _finish(self, text: str) -> str:
+    """Lower-casing, accent stripping and punctuation splitting of cleaned text, then words.
+
+    Done on the whole string, not word by word as the reference: lower-casing is context-free
+    except for Greek final sigma, whose context ends at whitespace, and NFD reordering and mark
+    removal never cross a space. `str.split()` then splits where the reference's final
+    `whitespace_tokenize` does; Python's whitespace includes all of Rust's, so the joined words
+    contain no character the Rust whitespace split would cut again.
+    """
+    if self.do_lower_case:
+      text = text.lower()
+      if not text.isascii():
+        text = unicodedata.normalize("NFD", text)
+        text = _tables().mark.sub("", text)
+    text = _tables().punct.sub(r" \1 ", text)
+    return " ".join(text.split())
+
+  def _normalize_words(self, cleaned: str) -> str:
+    """Slow path, word by word: some word of the cleaned text is a special token."""
+    out = []
+    for word in cleaned.split():
+      if word in _SPECIAL_SET:
+        out.append(word)
+      else:
+        finished = self._finish(word)
+        if finished:
+          out.append(finished)
+    return " ".join(out)
+
+
+class WordpieceTokenizer:
+  """Greedy longest-match-first WordPiece, in pure Python (the reference algorithm)."""
+
+  def __init__(self, vocab: Dict[str, int], unk_token: str = UNK,
+               max_input_chars_per_word: int = 200):
+    self.vocab = vocab
+    self.unk_token = unk_token
+    self.max_input_chars_per_word = max_input_chars_per_word
+
+  def tokenize(self, text: str) -> List[str]:
+    output_tokens = []
+    for token in whitespace_tokenize(convert_to_unicode(text)):
+      if len(token) > self.max_input_chars_per_word:
+        output_tokens.append(self.unk_token)
+        continue
+      sub_tokens = []
+      start = 0
+      while start < len(token):
+        end = len(token)
+        cur_substr = None
+        while start < end:
+          substr = token[start:end]
+          if start > 0:
+            substr = "##" + substr
+          if substr in self.vocab:
+            cur_substr = substr
+            break
+          end -= 1
+        if cur_substr is None:
+          sub_tokens = None  # one unmatched part makes the whole word [UNK]
+          break
+        sub_tokens.append(cur_substr)
+        start = end
+      if sub_tokens is None:
+        output_tokens.append(self.unk_token)
+      else:
+        output_tokens.extend(sub_tokens)
+    return output_tokens
+
+
+def _special_id(vocab: Dict[str, int], token: str, where: str) -> int:
+  if token not in vocab:
+    raise KeyError(f"Special token {token} is not in the vocabulary {where}")
+  return vocab[token]
+
+
+class FullTokenizer:
+  """WordPiece tokenizer, token for token the same as the reference (see the module docstring)."""
+
+  def __init__(self, vocab_file: str, do_lower_case: bool = True,
+               max_input_chars_per_word: int = 200):
+    self.vocab_file = vocab_file
+    self.vocab = load_vocab(vocab_file)
+    self.inv_vocab = {v: k for k, v in self.vocab.items()}
+    self.do_lower_case = do_lower_case
+    self.max_input_chars_per_word = max_input_chars_per_word
+    if UNK not in self.vocab:
+      raise ValueError(f"Vocabulary {vocab_file} has no {UNK} token (line '{UNK}' missing)")
+    self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
+    self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, UNK, max_input_chars_per_word)
+    self._engine = None
+    if _hf_tokenizers is not None:
+      from tokenizers import models, pre_tokenizers
+      engine = _hf_tokenizers.Tokenizer(models.WordPiece(
+          dict(self.vocab), unk_token=UNK, continuing_subword_prefix="##",
+          max_input_chars_per_word=max_input_chars_per_word))
+      # The normalised text has single spaces between words and no other whitespace, so a
+      # whitespace split gives exactly our words. No normaliser and no added tokens: special
+      # tokens reach WordPiece as words and map to themselves, as in the reference.
+      engine.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+      self._engine = engine
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.vocab)
+
+  @property
+  def pad_id(self) -> int:
+    return _special_id(self.vocab, PAD, self.vocab_file)
+
+  @property
+  def unk_id(self) -> int:
+    return _special_id(self.vocab, UNK, self.vocab_file)
+
+  @property
+  def cls_id(self) -> int:
+    return _special_id(self.vocab, CLS, self.vocab_file)
+
+  @property
+  def sep_id(self) -> int:
+    return _special_id(self.vocab, SEP, self.vocab_file)
+
+  @property
+  def mask_id(self) -> int:
+    return _special_id(self.vocab, MASK, self.vocab_file)
+
+  def tokenize(self, text: TextLike) -> List[str]:
+    normalized = self.basic_tokenizer.normalize(text)
+    if not normalized:
+      return []
+    if self._engine is None:
+      return self.wordpiece_tokenizer.tokenize(normalized)
+    return self._engine.encode(normalized, add_special_tokens=False).tokens
+
+  def encode_batch(self, texts: Sequence[TextLike]) -> List[List[int]]:
+    """Ids of `tokenize(text)` for every text; the fast path for data creation."""
+    normalize = self.basic_tokenizer.normalize
+    normalized = [normalize(text) for text in texts]
+    if self._engine is None:
+      return [self.convert_tokens_to_ids(self.wordpiece_tokenizer.tokenize(n))
+              for n in normalized]
+    encodings = self._engine.encode_batch_fast(normalized, add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def convert_tokens_to_ids(self, tokens: Iterable[str]) -> List[int]:
+    vocab, unk = self.vocab, self.vocab[UNK]
+    return [vocab.get(token, unk) for token in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
+    inv = self.inv_vocab
+    out = []
+    for i in ids:
+      i = int(i)
+      if i not in inv:
+        raise ValueError(f"Token id {i} is out of range for the vocabulary {self.vocab_file} "
+                         f"({self.vocab_size} entries)")
+      out.append(inv[i])
+    return out
+
+  def is_word_continuation(self, token: str) -> bool:
+    """True for a '##x' piece, which continues the word of the previous token."""
+    return len(token) > 2 and token.startswith("##")
+
+
+# Names under which a SentencePiece model may carry BERT's special tokens: ours first, then the
+# SentencePiece defaults (<pad>, <unk>) that ALBERT-style models use.
+_SPM_SPECIAL_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>"), CLS: (CLS,), SEP: (SEP,),
+                        MASK: (MASK,)}
+
+# The layout `data_pipelines.build_vocab` trains SentencePiece models with.
+SPM_SPECIAL_IDS = {PAD: 0, UNK: 1, CLS: 2, SEP: 3, MASK: 4}
+
+
+class SentencePieceTokenizer:
+  """SentencePiece (unigram or BPE) with BERT's special tokens, behind the FullTokenizer interface.
+
+  Models trained by `python -m data_pipelines.build_vocab --model_type=sentencepiece` reserve
+  [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 (`SPM_SPECIAL_IDS`, the ALBERT layout with BERT's
+  names). Other models are accepted when they carry those pieces, or <pad>/<unk> for the first two.
+  Special tokens written in the text are cut out first and kept whole (like `FullTokenizer`); the
+  text around them is encoded separately, so "a[SEP]b" gives "▁a [SEP] ▁b".
+  """
+
+  def __init__(self, spm_model_file: str, do_lower_case: bool = False):
+    import sentencepiece as spm
+    if not spm_model_file or not os.path.isfile(spm_model_file):
+      raise FileNotFoundError(f"SentencePiece model file not found: {spm_model_file!r}")
+    self.spm_model_file = spm_model_file
+    self.do_lower_case = do_lower_case
+    self.sp = spm.SentencePieceProcessor(model_file=spm_model_file)
+    self.vocab = collections.OrderedDict(
+        (self.sp.id_to_piece(i), i) for i in range(self.sp.get_piece_size()))
+    self.inv_vocab = {v: k for k, v in self.vocab.items()}
+    self._special_piece = {}
+    for name, aliases in _SPM_SPECIAL_ALIASES.items():
+      for alias in aliases:
+        if alias in self.vocab:
+          self._special_piece[name] = alias
+          break
+    if UNK not in self._special_piece:
+      raise ValueError(f"SentencePiece model {spm_model_file} has no [UNK] or <unk> piece")
+    self._special_pieces = frozenset(self._special_piece.values())
+    # Longest first, so that no special piece is cut by a shorter one that prefixes it.
+    self._special_split = re.compile("(" + "|".join(
+        re.escape(p) for p in sorted(self._special_pieces, key=len, reverse=True)) + ")")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def _special_id(self, name: str) -> int:
+    if name not in self._special_piece:
+      raise KeyError(f"Special token {name} is not in the SentencePiece model "
+                     f"{self.spm_model_file}")
+    return self.vocab[self._special_piece[name]]
+
+  @property
+  def pad_id(self) -> int:
+    return self._special_id(PAD)
+
+  @property
+  def unk_id(self) -> int:
+    return self._special_id(UNK)
+
+  @property
+  def cls_id(self) -> int:
+    return self._special_id(CLS)
+
+  @property
+  def sep_id(self) -> int:
+    return self._special_id(SEP)
+
+  @property
+  def mask_id(self) -> int:
+    return self._special_id(MASK)
+
+  def _pieces(self, text: TextLike) -> List[str]:
+    """Text and special-token pieces, alternating (even: text, odd: special)."""
+    text = convert_to_unicode(text)
+    pieces = self._special_split.split(text)
+    if self.do_lower_case:
+      pieces = [p if i % 2 else p.lower() for i, p in enumerate(pieces)]
+    return pieces
+
+  def tokenize(self, text: TextLike) -> List[str]:
+    out = []
+    for i, piece in enumerate(self._pieces(text)):
+      if i % 2:
+        out.append(piece)
+      elif piece:
+        out.extend(self.sp.encode(piece, out_type=str))
+    return out
+
+  def encode_batch(self, texts: Sequence[TextLike]) -> List[List[int]]:
+    """Ids of `tokenize(text)` for every text (one batched SentencePiece call)."""
+    split = [self._pieces(text) for text in texts]
+    plain = [pieces[0] for pieces in split if len(pieces) == 1]
+    encoded = iter(self.sp.encode(plain, out_type=int)) if plain else iter(())
+    out = []
+    for pieces in split:
+      if len(pieces) == 1:
+        out.append(next(encoded))
+        continue
+      ids = []
+      for i, piece in enumerate(pieces):
+        if i % 2:
+          ids.append(self.vocab[piece])
+        elif piece:
+          ids.extend(self.sp.encode(piece, out_type=int))
+      out.append(ids)
+    return out
+
+  def convert_tokens_to_ids(self, tokens: Iterable[str]) -> List[int]:
+    vocab, unk = self.vocab, self.unk_id
+    return [vocab.get(token, unk) for token in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
+    out = []
+    for i in ids:
+      i = int(i)
+      if not 0 <= i < self.vocab_size:
+        raise ValueError(f"Token id {i} is out of range for the SentencePiece model "
+                         f"{self.spm_model_file} ({self.vocab_size} pieces)")
+      out.append(self.inv_vocab[i])
+    return out
+
+  def is_word_continuation(self, token: str) -> bool:
+    """True for a piece without the '▁' word-start mark that is not a special token."""
+    if token in self._special_pieces:
+      return False
+    if token in self.vocab and self.sp.is_control(self.vocab[token]):
+      return False
+    return not token.startswith("\u2581")
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.sp.decode([int(i) for i in ids])
+
+
+def create_tokenizer(vocab_file: Optional[str] = None, spm_model_file: Optional[str] = None,
+                     do_lower_case: bool = True
+                     ) -> Union[FullTokenizer, SentencePieceTokenizer]:
+  """A WordPiece `FullTokenizer` (vocab_file) or a `SentencePieceTokenizer` (spm_model_file).
+
+  Exactly one of the two must be given; an empty string counts as not given (absl flag default).
+  """
+  if bool(vocab_file) == bool(spm_model_file):
+    raise ValueError("create_tokenizer needs exactly one of vocab_file (WordPiece) and "
+                     f"spm_model_file (SentencePiece); got vocab_file={vocab_file!r}, "
+                     f"spm_model_file={spm_model_file!r}")
+  if vocab_file:
+    return FullTokenizer(vocab_file, do_lower_case=do_lower_case)
+  return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
+
+
+def validate_case_matches_checkpoint(do_lower_case: bool, init_checkpoint: Optional[str]) -> None:
+  """The original's guard: a released Google checkpoint name implies its casing."""
+  if not init_checkpoint:
+    return
+  match = re.match(r"^.*?([A-Za-z0-9_-]+)/bert_model.ckpt", init_checkpoint)
+  if match is None:
+    return
+  model_name = match.group(1)
+  lower_models = {"uncased_L-24_H-1024_A-16", "uncased_L-12_H-768_A-12",
+                  "multilingual_L-12_H-768_A-12", "chinese_L-12_H-768_A-12"}
+  cased_models = {"cased_L-12_H-768_A-12", "cased_L-24_H-1024_A-16",
+                  "multi_cased_L-12_H-768_A-12"}
+  if model_name in lower_models and not do_lower_case:
+    raise ValueError(f"{init_checkpoint} is an uncased model: use do_lower_case=True")
+  if model_name in cased_models and do_lower_case:
+    raise ValueError(f"{init_checkpoint} is a cased model: use do_lower_case=False")
