@@ -32,13 +32,13 @@ VOCAB, MASKED = 30522, 20
 
 def make_batch(batch, seq, seed=0):
   rng = np.random.RandomState(seed)
-  ids = rng.randint(1000, VOCAB, size=(batch, seq)).astype(np.int32)
+  ids = rng.randint(10, VOCAB, size=(batch, seq)).astype(np.int32)
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), MASKED, replace=False)
                                 for _ in range(batch)]), axis=1).astype(np.int32)
   return {"input_ids": ids, "input_mask": np.ones_like(ids),
           "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int32).repeat(batch, 0),
           "masked_lm_positions": positions,
-          "masked_lm_ids": rng.randint(1000, VOCAB, size=(batch, MASKED)).astype(np.int32),
+          "masked_lm_ids": rng.randint(10, VOCAB, size=(batch, MASKED)).astype(np.int32),
           "masked_lm_weights": np.ones((batch, MASKED), np.float32),
           "next_sentence_labels": rng.randint(0, 2, size=(batch, 1)).astype(np.int32)}
 

@@ -247,9 +247,13 @@ class BertPooler(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, sequence_output):
+  def __call__(self, sequence_output, cls_positions=None):
+    """[B, S, H] -> [B, H] at position 0, or [B, K, H] at `cls_positions` [B, K] (packed rows)."""
     c = self.config
-    first = sequence_output[:, 0]                             # [B, H]
+    if cls_positions is None:
+      first = sequence_output[:, 0]                           # [B, H]
+    else:
+      first = gather_positions(sequence_output, cls_positions)  # [B, K, H]
     return jnp.tanh(_dense(c, c.hidden_size, ("embed", "embed"), "dense")(first))
 
 
@@ -270,7 +274,10 @@ class BertModel(nn.Module):
       self.pooler = BertPooler(self.config)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-               deterministic: bool = True, output_hidden_states: bool = False) -> Dict[str, Array]:
+               deterministic: bool = True, output_hidden_states: bool = False,
+               cls_positions=None) -> Dict[str, Array]:
+    """attention_mask: [B, S] padding mask, or [B, S, S] (block-diagonal for packed rows).
+    cls_positions: [B, K] positions of each packed pair's [CLS] (pooled output [B, K, H])."""
     c = self.config
     check_inputs(c, input_ids, token_type_ids)
     if attention_mask is None:
@@ -284,7 +291,7 @@ class BertModel(nn.Module):
     sequence_output, layers = self.encoder(x, bias, deterministic, output_hidden_states)
     outputs = {"sequence_output": sequence_output}
     if self.add_pooling_layer:
-      outputs["pooled_output"] = self.pooler(sequence_output)
+      outputs["pooled_output"] = self.pooler(sequence_output, cls_positions)
     if output_hidden_states:
       outputs["hidden_states"] = jnp.concatenate([x[None], layers], axis=0)
     return outputs
@@ -348,7 +355,9 @@ class BertForPreTraining(nn.Module):
 
   With `masked_lm_positions` [B, P] the MLM head sees only those positions (logits [B, P, V]);
   without, every position (logits [B, S, V]; the left-to-right ablation predicts every next
-  token). `use_nsp=False` drops the NSP head (the "No NSP" ablation).
+  token). `use_nsp=False` drops the NSP head (the "No NSP" ablation). Packed rows (several
+  pairs per row) pass a block-diagonal [B, S, S] `attention_mask`, per-pair `position_ids` and
+  `cls_positions` [B, K]; NSP is then classified per pair.
   """
   config: BertConfig
   use_nsp: bool = True
@@ -359,15 +368,16 @@ class BertForPreTraining(nn.Module):
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                masked_lm_positions=None, position_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> Dict[str, Array]:
+               output_hidden_states: bool = False, cls_positions=None) -> Dict[str, Array]:
     outputs = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                        deterministic=deterministic, output_hidden_states=output_hidden_states)
+                        deterministic=deterministic, output_hidden_states=output_hidden_states,
+                        cls_positions=cls_positions)
     pooled = outputs["pooled_output"] if self.use_nsp else None
     mlm_logits, nsp_logits = self.cls(outputs["sequence_output"], pooled, masked_lm_positions,
                                       self.bert.attend)
     outputs["mlm_logits"] = mlm_logits                        # [B, P or S, V] float32
     if nsp_logits is not None:
-      outputs["nsp_logits"] = nsp_logits                      # [B, 2] float32
+      outputs["nsp_logits"] = nsp_logits                      # [B, 2] or [B, K, 2] float32
     return outputs
 
 

@@ -27,6 +27,7 @@ import optax
 from absl import logging
 
 from bert_jax import checkpoints, modeling, optim, parallel
+from data_pipelines import packing
 from bert_jax import training_checkpoints as tc
 from bert_jax.config import BertConfig
 from bert_jax.metric_writers import MetricWriter
@@ -88,9 +89,12 @@ def loss_terms(model, params, batch, objective: str, rng=None, deterministic=Tru
   """Sums (not means) of the loss terms, so they aggregate exactly across batches and devices."""
   example_weight = batch.get("example_weight")
   positions = None if objective == "ltr" else batch["masked_lm_positions"]
+  packed = "cls_positions" in batch
   outputs = model.apply(
-      {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-      masked_lm_positions=positions, deterministic=deterministic,
+      {"params": params}, batch["input_ids"],
+      packing.attention_mask(batch) if packed else batch["input_mask"], batch["segment_ids"],
+      masked_lm_positions=positions, position_ids=batch.get("position_ids"),
+      cls_positions=batch.get("cls_positions"), deterministic=deterministic,
       rngs=None if deterministic else {"dropout": rng})
   if objective == "ltr":
     labels, weights = ltr_targets(batch)
@@ -102,10 +106,16 @@ def loss_terms(model, params, batch, objective: str, rng=None, deterministic=Tru
   terms["mlm_nll"], terms["mlm_correct"], terms["mlm_weight"] = weighted_cross_entropy(
       outputs["mlm_logits"], labels, weights)
   if "nsp_logits" in outputs:
-    nsp_w = (jnp.ones(labels.shape[:1], jnp.float32) if example_weight is None
-             else example_weight.astype(jnp.float32))
+    if packed:  # one NSP label per packed pair, [B, K], padding pairs weighted 0
+      nsp_labels, nsp_w = batch["next_sentence_labels"], batch["nsp_weights"].astype(jnp.float32)
+    else:
+      nsp_labels = batch["next_sentence_labels"].reshape(-1)
+      nsp_w = jnp.ones(nsp_labels.shape, jnp.float32)
+    if example_weight is not None:
+      nsp_w = nsp_w * example_weight.astype(jnp.float32).reshape(
+          example_weight.shape + (1,) * (nsp_w.ndim - 1))
     terms["nsp_nll"], terms["nsp_correct"], terms["nsp_weight"] = weighted_cross_entropy(
-        outputs["nsp_logits"], batch["next_sentence_labels"].reshape(-1), nsp_w)
+        outputs["nsp_logits"], nsp_labels, nsp_w)
   return terms
 
 
@@ -152,7 +162,9 @@ def train_step(state: TrainState, batch, rng, *, model, tx, objective, schedule,
     step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
   # Normalisers of the whole (global) batch (spec: MLM loss = sum(w * nll) / (sum(w) + 1e-5)).
   mlm_total = total(jnp.sum(_target_weights(batch, objective))) + 1e-5
-  nsp_total = total(jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+  nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+               else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+  nsp_total = total(nsp_count)
 
   def loss_fn(params, micro_batch, micro_rng):
     terms = loss_terms(model, params, micro_batch, objective, micro_rng, deterministic=False)
