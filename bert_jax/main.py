@@ -8,7 +8,7 @@ import os
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (get_config).",
@@ -24,6 +24,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    # Orbax and JAX log every checkpoint step at INFO; our progress lines are printed.
+    logging.set_verbosity(logging.WARNING)
   import tensorflow as tf
   tf.config.set_visible_devices([], "GPU")
   import jax

@@ -8,25 +8,13 @@ vocabulary and dynamic-masking TFRecords) inside the workdir, once; later runs r
 """
 import ast
 import os
-import re
 import sysconfig
 from typing import Iterator, List
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+from data_pipelines.sentences import split_sentences
+
 _SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "turtledemo"}
 _MIN_CHARS = 200
-
-
-def _sentences(text: str) -> List[str]:
-  """Paragraph text -> sentences (one per line in the output), doctest and code lines dropped."""
-  sentences = []
-  for paragraph in re.split(r"\n\s*\n", text):
-    lines = [l.strip() for l in paragraph.splitlines()]
-    if any(l.startswith((">>>", "...", "$ ")) for l in lines):
-      continue  # an example session, not prose
-    joined = " ".join(l for l in lines if l)
-    sentences.extend(s.strip() for s in _SENTENCE_END.split(joined) if len(s.strip()) > 1)
-  return sentences
 
 
 def _docstrings() -> Iterator[str]:
@@ -61,7 +49,7 @@ def documents(max_documents: int = 0) -> Iterator[List[str]]:
   """Documents as lists of sentences, in a fixed order (deterministic across runs)."""
   count = 0
   for text in list(_reference_topics()) + list(_docstrings()):
-    sentences = _sentences(text)
+    sentences = split_sentences(text)
     if len(sentences) < 2:
       continue
     yield sentences
@@ -70,18 +58,56 @@ def documents(max_documents: int = 0) -> Iterator[List[str]]:
       return
 
 
-def write_corpus(path: str, max_documents: int = 0, skip_documents: int = 0,
-                 every: int = 1, offset: int = 0) -> int:
-  """Writes the corpus in BERT's input format (sentence per line, blank line between docs).
+def write_corpus(train_path: str, eval_path: str, max_documents: int = 0,
+                 holdout_every: int = 20) -> tuple:
+  """Writes the corpus in BERT's input format (sentence per line, blank line between documents).
 
-  `every`/`offset` select every n-th document (used to hold out an evaluation split).
-  Returns the number of documents written.
+  Every `holdout_every`-th document goes to `eval_path`. Returns (train docs, eval docs).
   """
-  written = 0
-  with open(path, "w", encoding="utf-8") as f:
+  counts = [0, 0]
+  with open(train_path, "w", encoding="utf-8") as train, \
+      open(eval_path, "w", encoding="utf-8") as held_out:
     for i, sentences in enumerate(documents(max_documents)):
-      if i < skip_documents or (i % every) != offset:
-        continue
-      f.write("\n".join(sentences) + "\n\n")
-      written += 1
-  return written
+      is_eval = i % holdout_every == 0
+      (held_out if is_eval else train).write("\n".join(sentences) + "\n\n")
+      counts[is_eval] += 1
+  return counts[0], counts[1]
+
+
+def prepare(config, workdir: str) -> None:
+  """Builds the demo's vocabulary and dynamic-masking records in WORKDIR/data (once).
+
+  Fills in `config.data.input_files`, `eval_input_files`, `vocab_file` and sets
+  `config.model.vocab_size` to the learned vocabulary's size. A later run (e.g. a resume) finds
+  the files and reuses them, so the data never changes under a running experiment.
+  """
+  from bert_jax import tokenization
+  from data_pipelines import build_vocab, create_pretraining_data
+  data_dir = os.path.join(workdir, "data")
+  done = os.path.join(data_dir, "DONE")
+  paths = {name: os.path.join(data_dir, name)
+           for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
+  if not os.path.exists(done):
+    os.makedirs(data_dir, exist_ok=True)
+    print(f"Building the demo corpus from Python's documentation in {data_dir} ...", flush=True)
+    train_docs, eval_docs = write_corpus(paths["train.txt"], paths["eval.txt"],
+                                         config.data.get("demo_max_documents", 0))
+    build_vocab.train_wordpiece([paths["train.txt"]], paths["vocab.txt"],
+                                vocab_size=config.model.vocab_size, do_lower_case=True)
+    tokenizer = tokenization.FullTokenizer(paths["vocab.txt"], do_lower_case=True)
+    for split in ("train", "eval"):
+      create_pretraining_data.create_pretraining_data(
+          [paths[f"{split}.txt"]], [paths[f"{split}.tfrecord"]], tokenizer,
+          max_seq_length=config.max_seq_length,
+          max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
+          dupe_factor=config.data.get("dupe_factor", 5) if split == "train" else 1,
+          masking="dynamic", progress=False)
+    with open(done, "w") as f:
+      f.write(f"{train_docs} train documents, {eval_docs} eval documents\n")
+  with open(paths["vocab.txt"], encoding="utf-8") as f:
+    config.model.vocab_size = sum(1 for _ in f)
+  config.data.input_files = paths["train.tfrecord"]
+  config.data.eval_input_files = paths["eval.tfrecord"]
+  config.data.vocab_file = paths["vocab.txt"]
+  config.data.do_lower_case = True
+  config.data.masking = "dynamic"

@@ -1,0 +1,165 @@
+"""Masked-LM masking (spec section 2): THE one implementation, shared by the static record writer
+(`create_pretraining_data --masking=static`) and the tf.data reader (dynamic masking).
+
+Per sequence, num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))
+with len the number of real tokens ([CLS]/[SEP] counted). Candidates are the real positions
+except [CLS] and [SEP]. Candidate *words* (a piece plus its continuation pieces with whole-word
+masking, otherwise every piece alone) are visited in random order and taken whole while they fit
+the budget; a word that would overflow is skipped and later, smaller words may still fit, as in
+the original. Each chosen piece is replaced by [MASK] (mask_token_prob), a uniformly random id
+(random_token_prob) or kept. Positions come out sorted, zero-padded with weight 0.
+
+Everything is vectorised over the batch with TensorFlow's *stateless* random ops, so the result is
+a pure function of (inputs, seed): identical eagerly and inside `tf.data`, and resumable.
+Shapes: B batch, S sequence, W words (<= S), P max_predictions_per_seq.
+"""
+import dataclasses
+from typing import Dict
+
+import tensorflow as tf
+
+from data_pipelines import features as F
+
+_MIXTURES = {  # appendix C.2: MASK / SAME / RND
+    "80/10/10": (0.8, 0.1), "100/0/0": (1.0, 0.0), "80/0/20": (0.8, 0.2),
+    "80/20/0": (0.8, 0.0), "0/20/80": (0.0, 0.8), "0/0/100": (0.0, 1.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+  masked_lm_prob: float = 0.15
+  max_predictions_per_seq: int = 20
+  mask_token_prob: float = 0.8      # share of chosen pieces replaced by [MASK]
+  random_token_prob: float = 0.1    # share replaced by a random id; the rest stay unchanged
+  whole_word_mask: bool = False
+
+  def __post_init__(self):
+    for name in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
+      value = getattr(self, name)
+      if not 0.0 <= value <= 1.0:
+        raise ValueError(f"MaskingConfig.{name}={value}: must be in [0, 1]")
+    if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
+      raise ValueError(f"MaskingConfig: mask_token_prob + random_token_prob = "
+                       f"{self.mask_token_prob + self.random_token_prob} > 1")
+    if self.max_predictions_per_seq < 1:
+      raise ValueError("MaskingConfig.max_predictions_per_seq must be >= 1")
+
+  @classmethod
+  def from_mixture(cls, name: str, **kwargs) -> "MaskingConfig":
+    """An appendix C.2 mixture 'MASK/SAME/RND' (e.g. '80/10/10', '100/0/0')."""
+    if name in _MIXTURES:
+      mask, rnd = _MIXTURES[name]
+    else:
+      try:
+        mask_pct, same_pct, rnd_pct = (float(x) for x in name.split("/"))
+      except ValueError:
+        raise ValueError(f"mask mixture {name!r}: expected 'MASK/SAME/RND' percentages such as "
+                         "'80/10/10'") from None
+      if abs(mask_pct + same_pct + rnd_pct - 100) > 1e-6:
+        raise ValueError(f"mask mixture {name!r}: percentages must add up to 100")
+      mask, rnd = mask_pct / 100, rnd_pct / 100
+    return cls(mask_token_prob=mask, random_token_prob=rnd, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+  cls_id: int
+  sep_id: int
+  pad_id: int
+  mask_id: int
+  vocab_size: int
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer) -> "SpecialTokens":
+    return cls(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id,
+               mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size)
+
+
+def _choose_words(word_keys, word_sizes, budget):
+  """Greedy over words in key order: take a word if it fits what is left of the budget.
+
+  word_keys, word_sizes: [B, W]; budget: [B]. Returns take: [B, W] bool.
+  """
+  order = tf.argsort(word_keys, axis=1)                                  # [B, W]
+  sizes_in_order = tf.gather(word_sizes, order, batch_dims=1)            # [B, W]
+
+  def visit(used, size):                                                 # used, size: [B]
+    fits = used + size <= budget
+    return tf.where(fits, used + size, used)
+
+  used_after = tf.scan(visit, tf.transpose(sizes_in_order),
+                       initializer=tf.zeros_like(budget))                # [W, B]
+  used_before = tf.concat([tf.zeros_like(used_after[:1]), used_after[:-1]], axis=0)
+  taken_in_order = tf.transpose((used_after > used_before))              # [B, W]
+  inverse = tf.argsort(order, axis=1)
+  return tf.gather(taken_in_order, inverse, batch_dims=1)                # [B, W]
+
+
+def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingConfig,
+               special: SpecialTokens, seed) -> Dict[str, tf.Tensor]:
+  """Masks a batch. input_ids, input_mask, is_word_continuation: int [B, S]; seed: int [2].
+
+  Returns the original feature names: input_ids (masked) [B, S], masked_lm_positions [B, P],
+  masked_lm_ids [B, P] (the original ids), masked_lm_weights float32 [B, P].
+  """
+  ids = tf.convert_to_tensor(input_ids)
+  out_dtype = ids.dtype
+  ids = tf.cast(ids, tf.int32)                                           # [B, S]
+  real = tf.cast(input_mask, tf.bool)                                    # [B, S]
+  continuation = tf.cast(is_word_continuation, tf.bool)
+  seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
+  batch, seq_len = tf.shape(ids)[0], tf.shape(ids)[1]
+  length = tf.reduce_sum(tf.cast(real, tf.int32), axis=1)                # [B]
+
+  # Python's round() (half to even) like the original; tf.round rounds half to even too.
+  budget = tf.cast(tf.round(tf.cast(length, tf.float64) * config.masked_lm_prob), tf.int32)
+  budget = tf.minimum(config.max_predictions_per_seq, tf.maximum(1, budget))
+
+  candidate = real & tf.not_equal(ids, special.cls_id) & tf.not_equal(ids, special.sep_id)
+  previous_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
+  joins_previous = continuation & previous_candidate if config.whole_word_mask else tf.zeros_like(
+      candidate)
+  word_start = candidate & ~joins_previous                               # [B, S]
+  word_id = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1         # [B, S]
+  word_id = tf.where(candidate, word_id, seq_len)  # non-candidates: an out-of-range word
+  in_word = tf.one_hot(word_id, seq_len, dtype=tf.int32)                 # [B, S, W]
+  word_sizes = tf.reduce_sum(in_word, axis=1)                            # [B, W]
+  word_keys = tf.random.stateless_uniform([batch, seq_len], seeds[0])
+  word_keys = tf.where(word_sizes > 0, word_keys, 2.0)  # missing words last
+  take = _choose_words(word_keys, word_sizes, budget)                    # [B, W]
+  chosen = candidate & tf.gather(tf.pad(take, [[0, 0], [0, 1]]), word_id, batch_dims=1)
+
+  # 80/10/10 (configurable) per chosen piece.
+  decide = tf.random.stateless_uniform([batch, seq_len], seeds[1])
+  random_ids = tf.random.stateless_uniform([batch, seq_len], seeds[2], minval=0,
+                                           maxval=special.vocab_size, dtype=tf.int32)
+  replaced = tf.where(decide < config.mask_token_prob, special.mask_id,
+                      tf.where(decide < config.mask_token_prob + config.random_token_prob,
+                               random_ids, ids))
+  masked_ids = tf.where(chosen, replaced, ids)
+
+  # Sorted positions, padded: chosen positions first (ascending), then the rest.
+  positions_all = tf.range(seq_len)[None, :] + tf.zeros_like(ids)
+  sort_key = tf.where(chosen, positions_all, positions_all + seq_len)
+  order = tf.sort(sort_key, axis=1)[:, :config.max_predictions_per_seq]  # [B, <=P]
+  valid = order < seq_len
+  positions = tf.where(valid, order, 0)
+  pad = config.max_predictions_per_seq - tf.shape(positions)[1]  # when S < P
+  positions = tf.pad(positions, [[0, 0], [0, pad]])
+  valid = tf.pad(valid, [[0, 0], [0, pad]])
+  original = tf.where(valid, tf.gather(ids, positions, batch_dims=1), 0)
+  return {
+      F.INPUT_IDS: tf.cast(masked_ids, out_dtype),
+      F.MASKED_LM_POSITIONS: tf.cast(positions, out_dtype),
+      F.MASKED_LM_IDS: tf.cast(original, out_dtype),
+      F.MASKED_LM_WEIGHTS: tf.cast(valid, tf.float32),
+  }
+
+
+def mask_example(input_ids, input_mask, is_word_continuation, *, config, special, seed):
+  """One [S] example: a thin wrapper over `mask_batch` (there is no second implementation)."""
+  out = mask_batch(tf.expand_dims(input_ids, 0), tf.expand_dims(input_mask, 0),
+                   tf.expand_dims(is_word_continuation, 0), config=config, special=special,
+                   seed=seed)
+  return {k: v[0] for k, v in out.items()}
