@@ -1,7 +1,8 @@
 """Small pre-training inputs the tests generate: a vocabulary and unmasked (dynamic) records.
 
-The text is learnable: each segment counts upwards through a cycle of word tokens, so a masked
-token is predictable from its neighbours and MLM accuracy can rise far above chance (1/VOCAB).
+The text is learnable: segment A repeats one word and B repeats the same word (IsNext) or another
+random word (NotNext), so a masked token is predictable from the rest of its segment and MLM
+accuracy can rise far above chance (1/VOCAB).
 """
 import os
 
@@ -26,11 +27,11 @@ def write_vocab(directory) -> str:
 def _instance(rng):
   first = len(SPECIALS)
   len_a, len_b = rng.randint(4, 12), rng.randint(4, 12)
-  start = rng.randint(len(WORDS))
-  a = [first + (start + i) % len(WORDS) for i in range(len_a)]
+  topic = rng.randint(len(WORDS))
+  a = [first + topic] * len_a
   is_random = rng.rand() < 0.5
-  b_start = rng.randint(len(WORDS)) if is_random else (start + len_a) % len(WORDS)
-  b = [first + (b_start + i) % len(WORDS) for i in range(len_b)]
+  b_topic = rng.randint(len(WORDS)) if is_random else topic
+  b = [first + b_topic] * len_b
   ids = [VOCAB.index("[CLS]")] + a + [VOCAB.index("[SEP]")] + b + [VOCAB.index("[SEP]")]
   segments = [0] * (len_a + 2) + [1] * (len_b + 1)
   pad = SEQ - len(ids)

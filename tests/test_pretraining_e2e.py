@@ -147,5 +147,5 @@ def test_a_run_learns(tmp_path):
                           eval_every_steps=150, checkpoint_every_steps=150,
                           learning_rate=2e-3, warmup_steps=10, global_batch_size=16)
   result = pretraining.train_and_evaluate(config, str(tmp_path / "work"))
-  # Chance is 1/45; the counting structure makes masked tokens predictable.
-  assert result["eval_mlm_accuracy"] > 0.3, result
+  # Chance is 1/45; the repeated-word structure makes masked tokens predictable.
+  assert result["eval_mlm_accuracy"] > 0.8, result
