@@ -9,20 +9,22 @@ logits at every position (how `transformers` works); bert_jax only at the masked
 Useful FLOPs per step = 6 * (encoder matmul params) * tokens  + attention (12 * L * S^2 * H per
 sequence, fwd+bwd)  + the masked-only MLM head (6 * P * (H^2 + H * V))  + pooler/NSP. Utilisation is
 that over the measured float32 matmul rate of this machine (a 2048^3 matmul in the same run).
+The two sides are timed in alternating rounds, best round each (benchmarks/bench_util.py), so
+load from other work on a shared machine hurts both alike.
 """
 import argparse
 import functools
 import json
 import os
-import platform
-import time
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import bench_util  # noqa: E402
 from bert_jax import optim, pretraining  # noqa: E402
 from bert_jax.config import NAMED_SIZES  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
@@ -53,23 +55,7 @@ def useful_flops(layers, hidden, batch, seq):
   return dense + attention + mlm + pooler
 
 
-def time_it(fn, steps, warmup=2):
-  for _ in range(warmup):
-    fn()
-  start = time.perf_counter()
-  for _ in range(steps):
-    fn()
-  return (time.perf_counter() - start) / steps
-
-
-def matmul_peak(n=2048, steps=10):
-  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  sec = time_it(lambda: f(a).block_until_ready(), steps)
-  return 2 * n ** 3 / sec
-
-
-def bench_jax(size, batch, seq, steps):
+def jax_step(size, batch, seq):
   c = pretraining_defaults.get_config(size)
   c.model.vocab_size = VOCAB
   c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
@@ -87,10 +73,10 @@ def bench_jax(size, batch, seq, steps):
     holder[0], metrics = step(holder[0], batch_data, rng)
     metrics["loss"].block_until_ready()
 
-  return time_it(one, steps)
+  return one
 
 
-def bench_torch(size, batch, seq, steps, threads):
+def torch_step(size, batch, seq, threads):
   import torch
   import transformers
   torch.set_num_threads(threads)
@@ -117,7 +103,7 @@ def bench_torch(size, batch, seq, steps, threads):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
-  return time_it(one, steps)
+  return one
 
 
 def main():
@@ -125,23 +111,26 @@ def main():
   parser.add_argument("--sizes", default="mini,small")
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
+  parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best counts")
   parser.add_argument("--threads", type=int, default=os.cpu_count())
   args = parser.parse_args()
-  peak = matmul_peak()
-  print(f"machine: {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__} "
-        f"on {jax.devices()[0].platform}; float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s")
+  peak = bench_util.matmul_flops_per_sec()
+  print(f"{bench_util.machine_line()}; float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s",
+        flush=True)
   for size in args.sizes.split(","):
     layers, hidden = NAMED_SIZES[size]
-    jax_sec = bench_jax(size, args.batch, args.seq, args.steps)
-    torch_sec = bench_torch(size, args.batch, args.seq, args.steps, args.threads)
+    sec = bench_util.interleaved_best(
+        {"bert_jax": jax_step(size, args.batch, args.seq),
+         "torch": torch_step(size, args.batch, args.seq, args.threads)},
+        rounds=args.rounds, steps=args.steps)
     flops = useful_flops(layers, hidden, args.batch, args.seq)
     result = {"size": size, "batch": args.batch, "seq": args.seq,
-              "bert_jax_steps_per_sec": round(1 / jax_sec, 3),
-              "torch_steps_per_sec": round(1 / torch_sec, 3),
-              "ratio": round(torch_sec / jax_sec, 2),
-              "bert_jax_useful_gflops": round(flops / jax_sec / 1e9, 1),
-              "utilisation_vs_matmul": round(flops / jax_sec / peak, 3)}
+              "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
+              "torch_steps_per_sec": round(1 / sec["torch"], 3),
+              "ratio": round(sec["torch"] / sec["bert_jax"], 2),
+              "bert_jax_useful_gflops": round(flops / sec["bert_jax"] / 1e9, 1),
+              "utilisation_vs_matmul": round(flops / sec["bert_jax"] / peak, 3)}
     print(json.dumps(result), flush=True)
 
 

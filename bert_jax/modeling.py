@@ -143,6 +143,31 @@ class BertEmbeddings(nn.Module):
     return self.word_embeddings.attend(hidden)
 
 
+def attention_implementation(config: BertConfig, deterministic: bool) -> Optional[str]:
+  """'cudnn' where cuDNN's fused (flash) attention applies, else None (the XLA einsum path).
+
+  cuDNN's kernel runs on NVIDIA GPUs with float16/bfloat16 inputs and head_dim a multiple of 8 up
+  to 128, and it has no dropout on the attention probabilities: training with
+  attention_probs_dropout_prob > 0 keeps the XLA path. Both paths compute the same function
+  (tests/test_attention.py checks `jax.nn.dot_product_attention`'s argument plumbing on CPU).
+  """
+  if jax.default_backend() != "gpu" or config.dtype not in ("bfloat16", "float16"):
+    return None
+  if config.head_dim % 8 or config.head_dim > 128:
+    return None
+  if not deterministic and config.attention_probs_dropout_prob > 0:
+    return None
+  return "cudnn"
+
+
+def fused_attention(q, k, v, bias, implementation: str):
+  """`jax.nn.dot_product_attention`: q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]."""
+  batch, seq_len, _, head_dim = q.shape
+  bias = jnp.broadcast_to(bias, (batch, 1, seq_len, seq_len)).astype(q.dtype)  # [B, 1, S, S]
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=1.0 / float(np.sqrt(head_dim)),
+                                      implementation=implementation)
+
+
 class BertSelfAttention(nn.Module):
   config: BertConfig
 
@@ -154,6 +179,10 @@ class BertSelfAttention(nn.Module):
     q = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "query")(x))   # [B, S, N, D]
     k = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "key")(x))     # [B, S, N, D]
     v = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "value")(x))   # [B, S, N, D]
+    implementation = attention_implementation(c, deterministic)
+    if implementation is not None:
+      context = fused_attention(q, k, v, bias, implementation)                # [B, S, N, D]
+      return context.reshape(batch, seq_len, c.hidden_size)                   # [B, S, H]
     q = q / jnp.sqrt(c.head_dim).astype(q.dtype)
     logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B,N,S,S]
     probs = jax.nn.softmax(logits + bias, axis=-1).astype(_dtype(c))

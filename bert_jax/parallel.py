@@ -1,8 +1,8 @@
 """How a train step is spread over devices: `jit` over a mesh (default) or `pmap`.
 
-Both strategies give the loop the same five operations (init the state, compile a step, place a
-host batch, turn the state into a checkpointable tree and back), so the training loops are written
-once. `config.parallelism`:
+Both strategies give the loop the same operations (init the state, compile a train step and an
+evaluation step, place a host batch, turn the state into a checkpointable tree and back), so the
+training loops are written once. `config.parallelism`:
 
   jit   (default) one program for the global mesh; the batch is sharded along `data`, the state
         replicated; XLA inserts the gradient all-reduce. Works across hosts.
@@ -43,6 +43,13 @@ class JitParallel:
                    out_shardings=(self.state_sharding, sharding.replicated(self.mesh)),
                    donate_argnums=(0,) if donate else ())
 
+  def compile_eval(self, eval_fn: Callable) -> Callable:
+    """`eval_fn(params, batch) -> sums` over the global batch: each host passes its own rows
+    (`put_batch`) and XLA all-reduces the sums, so every host gets the totals of all hosts."""
+    return jax.jit(eval_fn, in_shardings=(self.state_sharding.params,
+                                          sharding.batch_sharding(self.mesh)),
+                   out_shardings=sharding.replicated(self.mesh))
+
   def put_batch(self, batch):
     return sharding.shard_batch(batch, self.mesh)
 
@@ -81,6 +88,13 @@ class PmapParallel:
   def compile_step(self, step_fn: Callable, donate: bool = True) -> Callable:
     return jax.pmap(functools.partial(step_fn, axis_name=PMAP_AXIS), axis_name=PMAP_AXIS,
                     in_axes=(0, 0, None), donate_argnums=(0,) if donate else ())
+
+  def compile_eval(self, eval_fn: Callable) -> Callable:
+    """`eval_fn(params, batch) -> sums`, summed over every device (and host) with `psum`."""
+    summed = jax.pmap(lambda params, batch: jax.lax.psum(eval_fn(params, batch), PMAP_AXIS),
+                      axis_name=PMAP_AXIS)
+    # Every device holds the same totals after the psum; keep the first copy.
+    return lambda params, batch: jax.tree_util.tree_map(lambda x: x[0], summed(params, batch))
 
   def put_batch(self, batch):
     n = len(self.devices)

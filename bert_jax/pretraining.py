@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from bert_jax import checkpoints, modeling, optim, parallel
+from bert_jax import checkpoints, modeling, optim, parallel, sharding
 from data_pipelines import packing
 from bert_jax import training_checkpoints as tc
 from bert_jax.config import BertConfig
@@ -256,13 +256,29 @@ def load_init_checkpoint(config, params):
 
 
 class _Preemption:
-  """SIGTERM sets a flag; the loop saves at the next step boundary and exits cleanly."""
+  """SIGTERM sets a flag; the loop saves at the next step boundary and exits cleanly.
+
+  With several processes the hosts must save at the *same* step (a save is a collective), but
+  each host's loop runs ahead of its devices by a different amount. There jax's preemption
+  service (started by `jax.distributed.initialize`) catches SIGTERM on any host and
+  `reached(step)` becomes True on every host at one agreed step.
+  """
 
   def __init__(self):
     self.requested = False
     self._previous = None
+    self._multihost = jax.process_count() > 1
+
+  def reached(self, step: int) -> bool:
+    """Call once per step on every host: True when this is the step to save and stop at."""
+    if self._multihost:
+      from jax.experimental import multihost_utils
+      self.requested = multihost_utils.reached_preemption_sync_point(step)
+    return self.requested
 
   def __enter__(self):
+    if self._multihost:  # the preemption service owns SIGTERM (see the class docstring)
+      return self
     try:
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # not the main thread (e.g. a notebook worker): no handler
@@ -279,15 +295,22 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def evaluate(config, params, p_eval_step) -> Dict[str, float]:
-  """Metrics over the held-out records (`config.eval_steps` batches, 0 = all of them)."""
+def evaluate(config, params, p_eval_step, par) -> Dict[str, float]:
+  """Metrics over the held-out records (`config.eval_steps` batches, 0 = all of them).
+
+  Each host reads its own shard; `p_eval_step` (from `par.compile_eval`) sums over all hosts,
+  and a host whose shard ran out early feeds all-zero-weight batches until every host is done.
+  """
   from data_pipelines import input_pipeline
   dataset = input_pipeline_for(config, training=False)
+  blank = {k: np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
+           for k, spec in dataset.element_spec.items()}
   totals = None
-  for i, batch in enumerate(input_pipeline.PipelineIterator(dataset)):
+  batches = sharding.lockstep(input_pipeline.PipelineIterator(dataset), blank)
+  for i, batch in enumerate(batches):
     if config.eval_steps and i >= config.eval_steps:
       break
-    terms = p_eval_step(params, batch)
+    terms = p_eval_step(params, par.put_batch(batch))
     totals = terms if totals is None else jax.tree_util.tree_map(jnp.add, totals, terms)
   if totals is None:
     raise ValueError(f"Evaluation data {config.data.eval_input_files} produced no batch")
@@ -295,8 +318,12 @@ def evaluate(config, params, p_eval_step) -> Dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def input_pipeline_for(config, training: bool):
-  """The tf.data pipeline for training or evaluation records, as the config describes."""
+def input_pipeline_for(config, training: bool, process_index: Optional[int] = None,
+                       process_count: Optional[int] = None):
+  """The tf.data pipeline for training or evaluation records, as the config describes.
+
+  `process_index`/`process_count` default to this process's (each host reads its own shard).
+  """
   from data_pipelines import input_pipeline, masking
   from bert_jax import tokenization
   files = config.data.input_files if training else config.data.eval_input_files
@@ -316,6 +343,7 @@ def input_pipeline_for(config, training: bool):
       max_seq_length=config.max_seq_length,
       max_predictions_per_seq=config.max_predictions_per_seq, masking=masking_config,
       special=special, seed=config.seed, is_training=training,
+      process_index=process_index, process_count=process_count,
       shuffle_buffer_size=config.data.shuffle_buffer_size)
 
 
@@ -346,7 +374,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   step_fn = functools.partial(train_step, model=model, tx=tx, objective=config.objective,
                               schedule=schedule, grad_accum_steps=config.grad_accum_steps)
   p_train_step = par.compile_step(step_fn)
-  p_eval_step = jax.jit(functools.partial(eval_step, model=model, objective=config.objective))
+  p_eval_step = par.compile_eval(functools.partial(eval_step, model=model,
+                                                   objective=config.objective))
 
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True))
@@ -397,15 +426,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         window_start, window_steps = time.time(), 0
       if config.eval_every_steps and config.data.eval_input_files and (
           step % config.eval_every_steps == 0 or step == config.num_train_steps):
-        eval_metrics = evaluate(config, par.checkpointable(state).params, p_eval_step)
+        eval_metrics = evaluate(config, state.params, p_eval_step, par)
         writer.write(step, "eval", eval_metrics)
         writer.console(step, config.num_train_steps, "eval", eval_metrics)
         last.update({f"eval_{k}": v for k, v in eval_metrics.items()})
         window_start = time.time()
+      preempted = preemption.reached(step)
       if (step % config.checkpoint_every_steps == 0 or step == config.num_train_steps
-          or preemption.requested):
+          or preempted):
         checkpointer.save(step, par.checkpointable(state), iterator, force=True)
-      if preemption.requested:
+      if preempted:
         checkpointer.wait()
         print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)
         break

@@ -1,14 +1,19 @@
-"""What `python -m bert_jax.main` runs, chosen by `config.task` from this readable table."""
-from typing import Callable, Dict
+"""What `python -m bert_jax.main` runs, chosen by `config.task` from this readable table.
 
+Each runner is imported only when chosen, so a pre-training run never imports the fine-tuning
+tasks (and the other way round).
+"""
+import importlib
 
-def _pretraining(config, workdir):
-  from bert_jax import pretraining
-  return pretraining.train_and_evaluate(config, workdir)
-
-
-RUNNERS: Dict[str, Callable] = {
-    "pretraining": _pretraining,
+# config.task -> (module, function(config, workdir))
+RUNNERS = {
+    "pretraining": ("bert_jax.pretraining", "train_and_evaluate"),
+    "glue": ("bert_jax.glue", "run"),
+    "glue_all": ("bert_jax.glue", "run_all"),
+    "swag": ("bert_jax.swag", "run"),
+    "squad": ("bert_jax.squad", "run"),
+    "ner": ("bert_jax.ner", "run"),
+    "ner_feature_based": ("bert_jax.feature_based", "run"),
 }
 
 
@@ -16,4 +21,5 @@ def run(config, workdir):
   task = config.get("task", "pretraining")
   if task not in RUNNERS:
     raise ValueError(f"config.task={task!r}: expected one of {sorted(RUNNERS)}")
-  return RUNNERS[task](config, workdir)
+  module, function = RUNNERS[task]
+  return getattr(importlib.import_module(module), function)(config, workdir)

@@ -125,6 +125,19 @@ class TrainingCheckpointer:
     self._manager = self._new_manager()
 
 
+def _on_this_process(state_directory: str):
+  """The saved tree as abstract arrays on this process's first device.
+
+  A checkpoint records the device mesh that wrote it (e.g. 2 hosts); restoring it in another
+  topology (one process exporting a pod run, or fine-tuning from it) needs an explicit target.
+  """
+  with ocp.StandardCheckpointer() as reader:
+    saved = reader.metadata(state_directory).item_metadata.tree
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree_util.tree_map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+
+
 def load_params_from_workdir(workdir: str):
   """(BertConfig, params) from the newest checkpoint of a training workdir (e.g. phase 1)."""
   from bert_jax import checkpoints  # avoid an import cycle
@@ -135,7 +148,9 @@ def load_params_from_workdir(workdir: str):
   if step is None:
     raise FileNotFoundError(f"{workdir} has no complete checkpoint under checkpoints/")
   manager = checkpointer._manager  # pylint: disable=protected-access
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  target = _on_this_process(os.path.join(checkpointer.directory, str(step), "state"))
+  restored = manager.restore(step,
+                             args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   params = jax.tree_util.tree_map(lambda x: x, restored["state"]["params"])
   checkpointer.close()
   flat = checkpoints.flatten(checkpoints._per_layer(params, config))  # pylint: disable=protected-access

@@ -96,6 +96,19 @@ def _choose_words(word_keys, word_sizes, budget):
   return tf.gather(taken_in_order, inverse, batch_dims=1)                # [B, W]
 
 
+def _word_sizes(word_id, num_words):
+  """Pieces per word: word_id [B, S] (num_words = not in a word) -> [B, num_words].
+
+  A per-row histogram (bincount over row-offset ids), instead of summing a [B, S, W] one-hot.
+  """
+  batch = tf.shape(word_id)[0]
+  offsets = tf.range(batch)[:, None] * (num_words + 1)                   # [B, 1]
+  counts = tf.math.bincount(tf.reshape(word_id + offsets, [-1]),
+                            minlength=batch * (num_words + 1),
+                            maxlength=batch * (num_words + 1), dtype=tf.int32)
+  return tf.reshape(counts, [batch, num_words + 1])[:, :num_words]
+
+
 def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingConfig,
                special: SpecialTokens, seed) -> Dict[str, tf.Tensor]:
   """Masks a batch. input_ids, input_mask, is_word_continuation: int [B, S]; seed: int [2].
@@ -123,11 +136,21 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
   word_start = candidate & ~joins_previous                               # [B, S]
   word_id = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1         # [B, S]
   word_id = tf.where(candidate, word_id, seq_len)  # non-candidates: an out-of-range word
-  in_word = tf.one_hot(word_id, seq_len, dtype=tf.int32)                 # [B, S, W]
-  word_sizes = tf.reduce_sum(in_word, axis=1)                            # [B, W]
+  word_sizes = _word_sizes(word_id, seq_len)                             # [B, W]
   word_keys = tf.random.stateless_uniform([batch, seq_len], seeds[0])
   word_keys = tf.where(word_sizes > 0, word_keys, 2.0)  # missing words last
-  take = _choose_words(word_keys, word_sizes, budget)                    # [B, W]
+  if config.whole_word_mask:
+    take = _choose_words(word_keys, word_sizes, budget)                  # [B, W]
+  else:
+    # Every word is one piece, so the greedy pass takes exactly the first `budget` words in key
+    # order: the same choice as `_choose_words` without its sequential scan over W. top_k of the
+    # negated keys lists words in tf.argsort's order (equal keys: lower index first).
+    k = tf.minimum(config.max_predictions_per_seq, seq_len)
+    first = tf.math.top_k(-word_keys, k=k).indices                       # [B, k]
+    within = tf.cast(tf.range(k)[None, :] < budget[:, None], tf.int32)   # [B, k]
+    take = tf.reduce_max(tf.one_hot(first, seq_len, dtype=tf.int32) * within[..., None],
+                         axis=1) > 0                                     # [B, W]
+    take &= word_sizes > 0
   chosen = candidate & tf.gather(tf.pad(take, [[0, 0], [0, 1]]), word_id, batch_dims=1)
 
   # 80/10/10 (configurable) per chosen piece.
@@ -139,10 +162,12 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
                                random_ids, ids))
   masked_ids = tf.where(chosen, replaced, ids)
 
-  # Sorted positions, padded: chosen positions first (ascending), then the rest.
+  # Sorted positions, padded: chosen positions first (ascending), then the rest. The P smallest
+  # keys come from top_k of the negated keys, cheaper than a full sort of the row.
   positions_all = tf.range(seq_len)[None, :] + tf.zeros_like(ids)
   sort_key = tf.where(chosen, positions_all, positions_all + seq_len)
-  order = tf.sort(sort_key, axis=1)[:, :config.max_predictions_per_seq]  # [B, <=P]
+  order = -tf.math.top_k(-sort_key, k=tf.minimum(config.max_predictions_per_seq,
+                                                 seq_len)).values        # [B, <=P]
   valid = order < seq_len
   positions = tf.where(valid, order, 0)
   pad = config.max_predictions_per_seq - tf.shape(positions)[1]  # when S < P

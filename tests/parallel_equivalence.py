@@ -1,6 +1,6 @@
 """Run in a subprocess with 8 simulated CPU devices: single device vs jit-mesh vs pmap.
 
-Prints one JSON line {"strategy": [losses...], ..., "max_param_diff": {...}}.
+Prints one JSON line {"strategy": [train losses..., eval loss], ..., "max_param_diff": {...}}.
 """
 import json
 import os
@@ -28,6 +28,9 @@ def run(strategy):
   init = lambda: pretraining.create_train_state(config, model, tx, jax.random.PRNGKey(0))
   step_fn = functools.partial(pretraining.train_step, model=model, tx=tx,
                               objective=config.objective, schedule=schedule)
+  eval_fn = functools.partial(pretraining.eval_step, model=model, objective=config.objective)
+  eval_batch = dict(synthetic_batch(STEPS, batch=16),
+                    example_weight=(np.arange(16) < 11).astype(np.float32))  # 5 padding rows
   losses = []
   if strategy == "single":
     state = jax.jit(init)()
@@ -35,7 +38,8 @@ def run(strategy):
     for i in range(STEPS):
       state, metrics = step(state, synthetic_batch(i, batch=16), jax.random.PRNGKey(1))
       losses.append(float(metrics["loss"]))
-    return losses, jax.device_get(state.params)
+    eval_loss = pretraining.loss_from_terms(jax.jit(eval_fn)(state.params, eval_batch))[0]
+    return losses + [float(eval_loss)], jax.device_get(state.params)
   par = parallel.create(config)
   state = par.init_state(init)
   step = par.compile_step(step_fn)
@@ -43,7 +47,10 @@ def run(strategy):
     state, metrics = step(state, par.put_batch(synthetic_batch(i, batch=16)),
                           jax.random.PRNGKey(1))
     losses.append(float(par.metrics(metrics)["loss"]))
-  return losses, jax.device_get(par.checkpointable(state).params)
+  # Evaluation sums over every device's rows (the last "loss" of the report).
+  eval_loss = pretraining.loss_from_terms(
+      par.compile_eval(eval_fn)(state.params, par.put_batch(eval_batch)))[0]
+  return losses + [float(eval_loss)], jax.device_get(par.checkpointable(state).params)
 
 
 def main():

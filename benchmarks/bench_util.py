@@ -1,0 +1,52 @@
+"""What every side-by-side benchmark here shares: interleaved best-of-N timing, the machine line,
+and the measured matmul rate that utilisation figures are relative to.
+
+The CPUs these run on are often shared with other work, so the two sides of a comparison are
+timed in alternating rounds (ours, theirs, ours, theirs, ...) and each side's best round counts:
+a burst of outside load then hurts both sides alike instead of whichever ran during it.
+"""
+import os
+import platform
+import time
+from typing import Callable, Dict
+
+import numpy as np
+
+
+def interleaved_best(fns: Dict[str, Callable[[], None]], rounds: int, steps: int,
+                     warmup: int = 2) -> Dict[str, float]:
+  """Seconds per call of each fn: the best of `rounds` rounds of `steps` calls, interleaved."""
+  for fn in fns.values():
+    for _ in range(warmup):
+      fn()
+  best = {name: float("inf") for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      for _ in range(steps):
+        fn()
+      best[name] = min(best[name], (time.perf_counter() - start) / steps)
+  return best
+
+
+def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
+  """float32 n^3 matmul rate of this machine through XLA (the denominator of utilisation)."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  sec = interleaved_best({"matmul": lambda: f(a).block_until_ready()}, rounds=3,
+                         steps=steps)["matmul"]
+  return 2 * n ** 3 / sec
+
+
+def machine_line() -> str:
+  import jax
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+  except OSError:
+    model = platform.processor()
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+  return (f"{model or platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}; "
+          f"jax {jax.__version__} on {jax.devices()[0].device_kind}")

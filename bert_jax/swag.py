@@ -1,0 +1,120 @@
+"""SWAG (multiple choice, spec section 5) as a `finetuning.Task`.
+
+Data: the swagaf CSV files (`config.data.swag_dir` with `train.csv`, `val.csv`, `test.csv`;
+columns `video-id, fold-ind, startphrase, sent1, sent2, gold-source, ending0..ending3, label`,
+the test file without `label`). Each example becomes 4 rows of one [4, S] feature, pair
+(sent1, sent2 + " " + ending_i) as in the released PyTorch port of the paper's setup; the
+`MultipleChoiceHead` scores each pooled [CLS] with one vector and softmax runs over the choices.
+Metric: accuracy. Files: `dev_predictions.tsv` (`index  prediction  label`) and
+`test_predictions.tsv` (`index  prediction`), index = the `fold-ind` column, prediction 0-3.
+"""
+import csv
+import dataclasses
+import os
+from typing import Dict, List, Optional, Sequence
+
+import ml_collections
+import numpy as np
+
+from bert_jax import finetuning, heads
+
+NUM_CHOICES = 4
+SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
+_COLUMNS = ("fold-ind", "sent1", "sent2") + tuple(f"ending{i}" for i in range(NUM_CHOICES))
+
+
+@dataclasses.dataclass(frozen=True)
+class SwagExample:
+  guid: str
+  context: str                 # sent1
+  start_ending: str            # sent2: the first words of every ending
+  endings: Sequence[str]       # ending0..3
+  label: Optional[int]         # None in the test file
+
+
+class SwagDataError(ValueError):
+  """A SWAG file that does not have the swagaf layout (names the file and line)."""
+
+
+def read_csv(path: str, labelled: bool) -> List[SwagExample]:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"SWAG file not found: {path} (expected the swagaf CSV files "
+                            f"{sorted(SPLIT_FILES.values())} in --config.data.swag_dir)")
+  examples = []
+  with open(path, encoding="utf-8", newline="") as f:
+    reader = csv.DictReader(f)
+    needed = _COLUMNS + (("label",) if labelled else ())
+    missing = [c for c in needed if c not in (reader.fieldnames or ())]
+    if missing:
+      raise SwagDataError(f"{path}:1: header has no column(s) {missing} "
+                          f"(header: {reader.fieldnames})")
+    for row in reader:
+      where = f"{path}:{reader.line_num}"
+      if None in row or any(row[c] is None for c in needed):
+        raise SwagDataError(f"{where}: expected {len(reader.fieldnames)} columns")
+      label = None
+      if labelled:
+        if row["label"] not in [str(i) for i in range(NUM_CHOICES)]:
+          raise SwagDataError(f"{where}: label {row['label']!r} is not one of 0-3")
+        label = int(row["label"])
+      examples.append(SwagExample(row["fold-ind"], row["sent1"], row["sent2"],
+                                  [row[f"ending{i}"] for i in range(NUM_CHOICES)], label))
+  return examples
+
+
+def make_features(max_seq_length: int, examples: Sequence[SwagExample], tokenizer,
+                  split: str) -> finetuning.Features:
+  del split
+  contexts = [e.context for e in examples for _ in range(NUM_CHOICES)]
+  endings = [f"{e.start_ending} {ending}".strip() for e in examples for ending in e.endings]
+  flat = finetuning.encode_pairs(tokenizer, contexts, endings, max_seq_length)     # [N*4, S]
+  arrays = {k: v.reshape(len(examples), NUM_CHOICES, max_seq_length)               # [N, 4, S]
+            for k, v in flat.items()}
+  arrays["label_ids"] = np.array([e.label or 0 for e in examples], np.int32)       # [N]
+  return finetuning.Features(arrays, np.arange(len(examples)))
+
+
+def accuracy(examples: Sequence[SwagExample], predictions: Sequence[int]) -> Dict[str, float]:
+  from sklearn import metrics
+  return {"accuracy": float(metrics.accuracy_score([e.label for e in examples], predictions))}
+
+
+def write_predictions(workdir: str, split: str, examples: Sequence[SwagExample],
+                      predictions: Sequence[int]) -> List[str]:
+  import jax
+  path = os.path.join(workdir, f"{split}_predictions.tsv")
+  if split == "test":
+    lines = ["index\tprediction"] + [f"{e.guid}\t{p}" for e, p in zip(examples, predictions)]
+  else:
+    lines = ["index\tprediction\tlabel"] + [f"{e.guid}\t{p}\t{e.label}"
+                                            for e, p in zip(examples, predictions)]
+  if jax.process_index() == 0:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+  return [path]
+
+
+def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
+  def read(split):
+    if not config.data.swag_dir:
+      raise ValueError("config.data.swag_dir is empty: the folder with the swagaf CSV files")
+    return read_csv(os.path.join(config.data.swag_dir, SPLIT_FILES[split]), split != "test")
+
+  return finetuning.Task(
+      name="swag",
+      read_examples=read,
+      make_features=lambda ex, tok, split: make_features(config.max_seq_length, ex, tok, split),
+      make_head=lambda: heads.MultipleChoiceHead(config.head_dropout),
+      loss=heads.classification_loss,      # softmax over the 4 choice scores
+      predict=lambda ex, feats, outputs: [int(i) for i in np.argmax(outputs["logits"], -1)],
+      metrics=accuracy,
+      write_predictions=write_predictions,
+      best_metric="accuracy",
+      eval_splits=("dev",),
+      test_splits=("test",))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:
+  """The `swag` runner: `config.seeds` restarts of the fine-tuning loop."""
+  return finetuning.run_with_seeds(
+      lambda c, w: finetuning.train_and_evaluate(get_task(c), c, w), config, workdir)

@@ -1,0 +1,55 @@
+"""Defaults shared by every fine-tuning experiment (each field documented once, here).
+
+The paper's grid (spec section 5): batch {16, 32}, lr {5e-5, 4e-5, 3e-5, 2e-5}, epochs {2, 3, 4},
+warm-up over the first 10% of steps, dropout 0.1. Experiments override what differs.
+"""
+import ml_collections
+
+from bert_jax.optim import default_optimizer_config
+from experiments.pretraining_defaults import parse_arg  # noqa: F401  (re-exported for experiments)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = ""                        # the runner in bert_jax/tasks.py: glue | glue_all | swag
+  c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
+  c.vocab_file = ""                  # default: vocab.txt beside the checkpoint
+  c.spm_model_file = ""              # SentencePiece model instead of a WordPiece vocab
+  c.do_lower_case = True
+  c.seed = 0
+  c.seeds = 1                        # restarts (seed, seed+1, ...): mean / std / best
+
+  c.max_seq_length = 128
+  c.train_batch_size = 32
+  c.eval_batch_size = 64
+  c.learning_rate = 2e-5
+  c.num_train_epochs = 3.0
+  c.warmup_proportion = 0.1          # linear warm-up over this fraction of the steps
+  c.head_dropout = 0.1               # dropout on the pooled output before the new classifier
+  c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
+  c.parallelism = "jit"              # jit over the device mesh | pmap
+  # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
+  # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
+  c.model = ml_collections.ConfigDict(dict(dtype="float32", scan_layers=False, remat=False,
+                                           causal_attention=False))
+
+  c.log_every_steps = 50
+  c.eval_every_steps = 0             # 0: evaluate on the whole dev set after every epoch
+  c.checkpoint_every_steps = 0       # resume points between evaluations (0: at evaluations)
+  c.do_predict = True                # predict the test splits (submission files) at the end
+
+  c.data = ml_collections.ConfigDict()
+  c.data.max_train_examples = 0      # >0: the first N training examples only (quick runs)
+  c.data.max_eval_examples = 0       # >0: the first N examples of each eval split
+  return c
+
+
+def quick(c: ml_collections.ConfigDict) -> None:
+  """A few steps on a few examples: what the tests run, with the real code paths."""
+  c.max_seq_length = 32
+  c.train_batch_size, c.eval_batch_size = 4, 8
+  c.num_train_epochs = 2.0
+  c.learning_rate = 1e-4
+  c.log_every_steps = 2
+  c.data.max_train_examples = 16
+  c.data.max_eval_examples = 0

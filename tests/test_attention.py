@@ -1,0 +1,90 @@
+"""The GPU attention path (`jax.nn.dot_product_attention`, cuDNN where shapes allow) computes what
+the XLA einsum path computes. No GPU here: the same call with implementation='xla' is checked on
+CPU, so on a GPU only the kernel behind it changes."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import modeling
+from bert_jax.config import BertConfig
+
+B, S = 3, 12
+
+
+def _config(**overrides):
+  fields = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=S)
+  fields.update(overrides)
+  return BertConfig(**fields)
+
+
+def _masks():
+  rng = np.random.RandomState(0)
+  lengths = np.array([S, 7, 3])
+  padding = (np.arange(S)[None] < lengths[:, None]).astype(np.int32)       # [B, S]
+  segment = np.where(np.arange(S)[None] < 5, 1, 2) * padding               # two packed pairs
+  block = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] > 0)  # [B, S, S]
+  ids = rng.randint(5, 50, size=(B, S)) * padding
+  return ids, {"padding": padding, "block_diagonal": block.astype(np.int32)}
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "block_diagonal"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, causal):
+  config = _config(causal_attention=causal)
+  ids, masks = _masks()
+  model = modeling.BertModel(config)
+  params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+
+  def loss(params):
+    out = model.apply({"params": params}, ids, masks[mask_kind])["sequence_output"]  # [B, S, H]
+    # Rows that are all padding attend to nothing real; compare the real positions only.
+    real = np.asarray(masks["padding"], np.float32)[..., None]
+    return jnp.sum((out * real) ** 2)
+
+  reference, reference_grads = jax.value_and_grad(loss)(params)
+  assert modeling.attention_implementation(config, deterministic=True) is None  # CPU: XLA path
+
+  calls = []
+
+  def forced(c, deterministic):
+    calls.append(deterministic)
+    return "xla"
+
+  monkeypatch.setattr(modeling, "attention_implementation", forced)
+  fused, fused_grads = jax.value_and_grad(loss)(params)
+  assert calls, "the dot_product_attention path was not taken"
+  np.testing.assert_allclose(fused, reference, rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(fused_grads),
+                          jax.tree_util.tree_leaves(reference_grads)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_fused_attention_matches_softmax_attention():
+  rng = np.random.RandomState(1)
+  q, k, v = (jnp.asarray(rng.randn(B, S, 2, 8), jnp.float32) for _ in range(3))
+  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["padding"]), causal=False)  # [B,1,1,S]
+  out = modeling.fused_attention(q, k, v, bias, "xla")
+  logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(8) + bias
+  expected = jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(logits, axis=-1), v)
+  assert out.shape == (B, S, 2, 8)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cudnn_is_chosen_only_where_it_applies(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  choose = modeling.attention_implementation
+  bf16 = _config(dtype="bfloat16")
+  assert choose(bf16, deterministic=True) == "cudnn"
+  # Attention-probability dropout while training: cuDNN's kernel has none, keep XLA.
+  assert choose(bf16, deterministic=False) is None
+  assert choose(_config(dtype="bfloat16", attention_probs_dropout_prob=0.0),
+                deterministic=False) == "cudnn"
+  assert choose(_config(), deterministic=True) is None                       # float32
+  assert choose(_config(dtype="bfloat16", hidden_size=36, num_attention_heads=3),
+                deterministic=True) is None                                 # head_dim 12
+  assert choose(_config(dtype="bfloat16", hidden_size=272, num_attention_heads=1),
+                deterministic=True) is None                                 # head_dim 272
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert choose(bf16, deterministic=True) is None

@@ -1,0 +1,125 @@
+"""Multi-host on localhost: 2 processes (`jax.distributed`, gloo CPU collectives) of
+`python -m bert_jax.main --coordinator_address=... --num_processes=2 --process_id=I`.
+
+Each process reads its own shard of the files (one train file and one eval file each; the eval
+shards have different lengths). The run must equal one process that sees the same global batches:
+rows of host 0 then rows of host 1, which is how `jax.make_array_from_process_local_data` lays
+them out. A checkpoint written by the 2 processes must restore into 2 processes and continue
+exactly, and load in 1 process (export, fine-tuning).
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_jax import checkpoints, pretraining
+from bert_jax.metric_writers import read_metrics
+from tests import pretraining_fixtures as fx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROCESSES = 2
+# 4 steps, checkpoints at 2 and 4, evaluation at 4 (over unequal per-host eval shards).
+OVERRIDES = {"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 4,
+             "async_checkpointing": False}
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(experiment: str, workdir: str):
+  """Runs the 2 processes to completion; returns process 0's stdout."""
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+             JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # as tests/conftest.py: compile-bound tiny model
+             # The second launch (the resume) reuses the first one's compiled programs.
+             JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.dirname(experiment), "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env.pop("XLA_FLAGS", None)  # one CPU device per process
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "bert_jax.main", f"--config={experiment}", f"--workdir={workdir}",
+       f"--coordinator_address=localhost:{port}", f"--num_processes={PROCESSES}",
+       f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for i in range(PROCESSES)]
+  try:
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
+    assert proc.returncode == 0, f"process {i} failed:\n{err[-4000:]}"
+  return outputs[0][0]
+
+
+def _data(data_dir):
+  """The fixture data, plus two eval files of different lengths (24 and 8 records)."""
+  fx.make_data(data_dir)
+  fx.write_records(os.path.join(data_dir, "eval-0.tfrecord"), 24, seed=4)
+  fx.write_records(os.path.join(data_dir, "eval-1.tfrecord"), 8, seed=5)
+  return {"data.eval_input_files": os.path.join(data_dir, "eval-*.tfrecord")}
+
+
+def _as_one_host(original):
+  """`input_pipeline_for` that yields the global batch of both hosts from one process."""
+  def pipeline(config, training, process_index=None, process_count=None):
+    del process_index, process_count
+    shards = [original(config, training, process_index=i, process_count=PROCESSES)
+              for i in range(PROCESSES)]
+    if not training:  # pad the shorter shard with all-zero batches, as sharding.lockstep does
+      longest = max(sum(1 for _ in shard) for shard in shards)
+      zeros = lambda batch: {k: tf.zeros_like(v) for k, v in batch.items()}
+      shards = [shard.concatenate(shard.take(1).map(zeros).repeat()).take(longest)
+                for shard in shards]
+    return tf.data.Dataset.zip(tuple(shards)).map(
+        lambda *parts: {k: tf.concat([p[k] for p in parts], axis=0) for k in parts[0]})
+  return pipeline
+
+
+def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_path,
+                                                                          monkeypatch):
+  overrides = dict(OVERRIDES, **_data(str(tmp_path / "data")))
+  experiment = fx.write_experiment(str(tmp_path), str(tmp_path / "data"), **overrides)
+  workdir = str(tmp_path / "work")
+  out = _launch(experiment, workdir)
+  assert "[eval] step 4/4" in out
+  # Each host saved its own input position; metrics are written once (process 0).
+  data_dir = os.path.join(workdir, "checkpoints", "4", "data")
+  assert {"process_0", "process_1"} <= set(os.listdir(data_dir))
+  multi = read_metrics(workdir)
+  assert [(r["step"], r["split"]) for r in multi] == [
+      (1, "train"), (2, "train"), (3, "train"), (4, "train"), (4, "eval")]
+
+  monkeypatch.setattr(pretraining, "input_pipeline_for",
+                      _as_one_host(pretraining.input_pipeline_for))
+  config = fx.tiny_config(str(tmp_path / "data"), **overrides)
+  pretraining.train_and_evaluate(config, str(tmp_path / "single"))
+  single = read_metrics(str(tmp_path / "single"))
+  _assert_same_losses(multi, single, rtol=2e-5)
+  # The checkpoint of 2 processes loads in 1 (export, fine-tuning) and holds the same model.
+  ours, reference = (checkpoints.flatten(checkpoints.load_pretrained(w)[1])
+                     for w in (workdir, str(tmp_path / "single")))
+  for name, value in reference.items():
+    np.testing.assert_allclose(ours[name], value, atol=2e-5, err_msg=name)
+
+  # Resume: without the step-4 checkpoint, 2 new processes continue from step 2 and recompute
+  # steps 3-4 and the evaluation exactly as the first run did.
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))
+  out = _launch(experiment, workdir)
+  assert "Resumed from the checkpoint at step 2" in out
+  _assert_same_losses(read_metrics(workdir), multi, rtol=1e-6)
+
+
+def _assert_same_losses(ours, reference, rtol):
+  assert [(r["step"], r["split"]) for r in ours] == [(r["step"], r["split"]) for r in reference]
+  for a, b in zip(ours, reference):
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+      np.testing.assert_allclose(a[key], b[key], rtol=rtol,
+                                 err_msg=f"step {a['step']} {a['split']} {key}")
