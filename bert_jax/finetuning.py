@@ -82,6 +82,7 @@ RESULTS_FILE = "results.json"
 BEST_DIR = "best"
 HEAD_FILE = "head.safetensors"
 BEST_INFO = "best.json"
+SPM_COPY = "spm.model"  # the SentencePiece model saved beside a best/ checkpoint
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 # Row mask the loop adds to every batch: 1 for real rows, 0 for the padding of a last eval batch.
 EXAMPLE_MASK = "example_mask"
@@ -230,6 +231,8 @@ def find_vocab(config: ml_collections.ConfigDict) -> Tuple[Optional[str], Option
   for candidate in ("vocab.txt", os.path.join("data", "vocab.txt")):
     if os.path.exists(os.path.join(directory, candidate)):
       return os.path.join(directory, candidate), None
+  if os.path.exists(os.path.join(directory, SPM_COPY)):  # a best/ dir of a SentencePiece run
+    return None, os.path.join(directory, SPM_COPY)
   raise FileNotFoundError(
       f"No vocabulary: {directory} has no vocab.txt; pass --config.vocab_file=PATH "
       "(WordPiece) or --config.spm_model_file=PATH (SentencePiece).")
@@ -365,25 +368,36 @@ def _flat(tree) -> Dict[str, np.ndarray]:
           for k, v in traverse_util.flatten_dict(jax.device_get(tree)).items()}
 
 
-def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict) -> None:
-  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, and `best.json`."""
+def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
+              tokenizer=None) -> None:
+  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json` and the
+  vocabulary (`vocab.txt` or `spm.model`): everything a later predict-only run needs."""
+  import shutil
   from safetensors.numpy import save_file
   if jax.process_index() != 0:
     return
   params = jax.device_get(params)
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
+  if getattr(tokenizer, "spm_model_file", None):
+    shutil.copyfile(tokenizer.spm_model_file, os.path.join(directory, SPM_COPY))
+  elif getattr(tokenizer, "vocab_file", None):
+    shutil.copyfile(tokenizer.vocab_file, os.path.join(directory, "vocab.txt"))
   save_file(_flat(params["head"]), os.path.join(directory, HEAD_FILE))
   with open(os.path.join(directory, BEST_INFO), "w", encoding="utf-8") as f:
     json.dump(info, f, indent=2, sort_keys=True)
 
 
-def load_best(directory: str, bert_config: BertConfig) -> Dict:
+def read_head(directory: str) -> Dict:
+  """The task head's parameters saved by `save_best`."""
   from safetensors.numpy import load_file
+  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in
+                                       load_file(os.path.join(directory, HEAD_FILE)).items()})
+
+
+def load_best(directory: str, bert_config: BertConfig) -> Dict:
   _, encoder = checkpoints.load_pretrained(directory)
   encoder = checkpoints.to_model_layout(encoder, bert_config)
-  head = traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in
-                                       load_file(os.path.join(directory, HEAD_FILE)).items()})
-  return {"bert": encoder["bert"], "head": head}
+  return {"bert": encoder["bert"], "head": read_head(directory)}
 
 
 def read_best_info(workdir: str) -> Optional[Dict]:
@@ -479,9 +493,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for field in ("train_batch_size", "eval_batch_size", "max_seq_length"):
     if not isinstance(config[field], int) or config[field] < 1:
       fail(field, "must be a positive integer")
-  for field in ("num_train_epochs", "learning_rate"):
-    if not config[field] > 0:
-      fail(field, "must be positive")
+  if not config.learning_rate > 0:
+    fail("learning_rate", "must be positive")
+  if not config.num_train_epochs >= 0:
+    fail("num_train_epochs", "must be >= 0 (0: predict only)")
   if not 0.0 <= config.warmup_proportion < 1.0:
     fail("warmup_proportion", "must be in [0, 1)")
 
@@ -497,6 +512,9 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
                      "TF checkpoint, a save_pretrained directory or a pre-training workdir.")
   loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = bert_config_for(config, loaded_config)
+  if os.path.isfile(os.path.join(config.init_checkpoint, HEAD_FILE)):
+    # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked below).
+    pretrained = dict(pretrained, head=read_head(config.init_checkpoint))
   tokenizer = create_tokenizer(config, bert_config)
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the checkpoint's "
@@ -514,11 +532,13 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   if batch_size % jax.device_count():
     raise ValueError(f"config.train_batch_size={batch_size} must be divisible by the "
                      f"{jax.device_count()} devices")
-  num_train_steps = max(1, int(train.features.num_rows * config.num_train_epochs / batch_size))
+  # num_train_epochs=0 predicts only (e.g. with a fine-tuned best/ directory as init_checkpoint).
+  num_train_steps = (0 if config.num_train_epochs == 0 else
+                     max(1, int(train.features.num_rows * config.num_train_epochs / batch_size)))
   warmup_steps = int(num_train_steps * config.warmup_proportion)
   opt_config = ml_collections.ConfigDict(dict(
       optimizer=config.optimizer, learning_rate=config.learning_rate, warmup_steps=warmup_steps))
-  tx, schedule = optim.create_optimizer(opt_config, num_train_steps)
+  tx, schedule = optim.create_optimizer(opt_config, max(num_train_steps, 1))
   if task.freeze_encoder:
     # Feature-based approach: only the head is updated (no Adam moments kept for the encoder).
     labels = lambda params: {k: ("frozen" if k == "bert" else "train") for k in params}
@@ -577,9 +597,11 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
     if _is_better(value, best_value, task.higher_is_better):
       best_value = value
       save_best(best_dir, bert_config, params, {"step": step, "metric": task.best_metric,
-                                                 "value": value, "metrics": record})
+                                                 "value": value, "metrics": record}, tokenizer)
 
   start, window, window_steps = time.time(), time.time(), 0
+  if num_train_steps == 0 and best_value is None:
+    evaluate_and_keep_best(state, 0)
   while step < num_train_steps:
     index = order.batch_index(step)
     batch = _host_slice(_rows(train.features.arrays, index, np.ones(len(index))), batch_size)
@@ -611,7 +633,8 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   best = read_best_info(workdir)
   if best is None:  # every evaluation was NaN: fall back to the last parameters
     save_best(best_dir, bert_config, par.checkpointable(state).params,
-              {"step": step, "metric": task.best_metric, "value": float("nan"), "metrics": {}})
+              {"step": step, "metric": task.best_metric, "value": float("nan"), "metrics": {}},
+              tokenizer)
     best = read_best_info(workdir)
   params = load_best(best_dir, bert_config)
   results: Dict[str, Any] = {

@@ -205,3 +205,17 @@ def test_left_to_right_ablation_fine_tunes_with_causal_attention():
   assert not finetuning.bert_config_for(config, pretrained).causal_attention
   config.model.causal_attention = True   # a model pre-trained with --config.objective=ltr
   assert finetuning.bert_config_for(config, pretrained).causal_attention
+
+
+def test_fine_tuned_best_directory_predicts_without_training(mrpc_run, data, tmp_path):
+  """`best/` is self-contained (encoder, head, vocabulary): zero epochs = predict only."""
+  workdir, results = mrpc_run
+  best = os.path.join(workdir, "best")
+  assert os.path.exists(os.path.join(best, "vocab.txt"))
+  config = _config(data)
+  config.init_checkpoint, config.num_train_epochs = best, 0
+  again = tasks.run(config, str(tmp_path / "predict"))
+  assert again["num_train_steps"] == 0
+  assert again["dev"] == results["dev"]
+  assert _tsv(os.path.join(tmp_path, "predict", "MRPC.tsv")) == _tsv(
+      os.path.join(workdir, "MRPC.tsv"))
