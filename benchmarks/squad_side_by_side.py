@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from benchmarks.bench_util import minilm_checkpoint_dir as checkpoint_dir  # noqa: E402
+from benchmarks.bench_util import torch_adamw  # noqa: E402
 
 
 def split_by_article(path: str, train_articles: int, eval_articles: int, out: str):
@@ -103,12 +104,7 @@ def run_torch(args, files):
   with torch.no_grad():
     model.qa_outputs.weight.copy_(torch.from_numpy(kernel.T))
     model.qa_outputs.bias.copy_(torch.from_numpy(bias))
-  no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
-  groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
-             "weight_decay": 0.01},
-            {"params": [p for n, p in model.named_parameters() if no_decay(n)],
-             "weight_decay": 0.0}]
-  opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+  opt = torch_adamw(model, args.lr)
   num_rows = len(train["input_ids"])
   steps = max(1, int(num_rows * args.epochs / args.batch))
   schedule = optim.bert_schedule(args.lr, int(steps * config.warmup_proportion), steps)

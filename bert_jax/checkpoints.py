@@ -13,7 +13,7 @@ import glob
 import json
 import os
 import re
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import jax
 import numpy as np
@@ -202,7 +202,7 @@ def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None
   for name, value in flat.items():
     parts = name.split("/")
     parts = [p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts]
-    leaf, module = parts[-1], parts[-2]
+    leaf = parts[-1]
     if name == "cls/predictions/output_bias":
       state["cls.predictions.bias"] = value
       continue

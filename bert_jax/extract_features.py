@@ -18,7 +18,6 @@ import re
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 

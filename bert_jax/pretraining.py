@@ -18,7 +18,6 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections

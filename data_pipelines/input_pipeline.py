@@ -10,7 +10,6 @@ the same seed gives the same batches, and `PipelineIterator.save/restore` (tf.da
 checkpoints) resumes exactly where a run stopped. Evaluation makes one ordered pass and pads the
 last partial batch, marking real rows with `example_weight` 1.0 and padding rows with 0.0.
 """
-import glob
 import os
 from typing import Dict, Optional, Sequence, Union
 
