@@ -11,6 +11,7 @@ test: memory is bounded by one block of documents plus one shuffle bucket, so it
 with the input (target < 2 GB at 100 MB).
 """
 import glob
+import json
 import os
 import random
 import resource
@@ -59,8 +60,8 @@ def _write_corpus(path, docs, size_bytes):
 def main(argv):
   del argv
   docs = _documents(_TEXT.value)
-  print(f"| input | dupe | masking | workers | instances/s | MB/s | peak RSS | time |")
-  print(f"|---|---|---|---|---|---|---|---|")
+  print("| input | dupe | masking | workers | instances/s | MB/s | peak RSS | time |")
+  print("|---|---|---|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as tmp:
     for size in _SIZES.value:
       corpus = os.path.join(tmp, f"corpus_{size}mb.txt")
@@ -77,7 +78,6 @@ def main(argv):
       subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
       elapsed = time.time() - start
       peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-      import json
       with open(stats) as f:
         instances = json.load(f)["instances"]
       for path in glob.glob(os.path.join(tmp, "out.tfrecord*")):

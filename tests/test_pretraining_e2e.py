@@ -1,6 +1,5 @@
 """The pre-training loop end to end: learning, exact resume after kill -9, SIGTERM, corrupt
 checkpoint fallback, non-finite abort, metrics.jsonl, export of the result."""
-import json
 import os
 import signal
 import subprocess
