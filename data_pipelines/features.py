@@ -17,8 +17,6 @@ at training time) and carry what whole-word masking needs instead of the masked_
 """
 from typing import Dict
 
-import tensorflow as tf
-
 INPUT_IDS = "input_ids"
 INPUT_MASK = "input_mask"
 SEGMENT_IDS = "segment_ids"
@@ -34,8 +32,9 @@ NOT_NEXT = 1
 
 
 def static_feature_spec(max_seq_length: int,
-                        max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
+                        max_predictions_per_seq: int) -> Dict[str, "tf.io.FixedLenFeature"]:
   """Parsing spec of the original release's statically masked records."""
+  import tensorflow as tf  # here, not at import: the model side (packing) runs without TF
   return {
       INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -47,8 +46,9 @@ def static_feature_spec(max_seq_length: int,
   }
 
 
-def dynamic_feature_spec(max_seq_length: int) -> Dict[str, tf.io.FixedLenFeature]:
+def dynamic_feature_spec(max_seq_length: int) -> Dict[str, "tf.io.FixedLenFeature"]:
   """Parsing spec of unmasked records written for dynamic (training-time) masking."""
+  import tensorflow as tf
   return {
       INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
