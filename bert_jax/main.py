@@ -35,6 +35,9 @@ def main(argv):
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID"):
     jax.distributed.initialize()  # TPU VM pod slices configure themselves
+  prng_impl = _CONFIG.value.get("prng_impl", "")
+  if prng_impl:  # before any key exists: it decides initialisation and dropout streams
+    jax.config.update("jax_default_prng_impl", prng_impl)
   from bert_jax import tasks
   tasks.run(_CONFIG.value, _WORKDIR.value)
 

@@ -134,13 +134,34 @@ class BertEmbeddings(nn.Module):
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
-    x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) +
-         self.position_embeddings(position_ids))              # [B, S, H]
+    """position_ids None: positions 0..S-1 of every row (a slice of the table, no lookup)."""
+    dtype = _dtype(self.config)
+    seq_len = input_ids.shape[-1]
+    if position_ids is None:
+      positions = self.position_embeddings.embedding[:seq_len].astype(dtype)[None]  # [1, S, H]
+    else:
+      positions = _one_hot_lookup(self.position_embeddings.embedding, position_ids, dtype)
+    x = (self.word_embeddings(input_ids) + positions +
+         _one_hot_lookup(self.token_type_embeddings.embedding, token_type_ids, dtype))  # [B, S, H]
     return self.dropout(self.LayerNorm(x), deterministic=deterministic)
 
   def attend(self, hidden):
     """Logits against the (tied) token embedding matrix: [..., H] -> [..., V]."""
     return self.word_embeddings.attend(hidden)
+
+
+def _one_hot_lookup(table, ids, dtype):
+  """table[ids] for the small tables (segments, positions): [K, H] at [B, S] -> [B, S, H].
+
+  A gather's gradient is a scatter-add, and here every row adds into the same few table rows
+  (segment 0/1, positions 0..S-1): on GPU those colliding atomic adds serialise (measured: a
+  fifth of a BERT-base step on an H100, benchmarks/RESULTS.md). A one-hot matmul computes the
+  same values exactly (one non-zero term each; HIGHEST keeps float32 exact on TPU) and its
+  gradient is a plain matmul.
+  """
+  one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)                  # [B, S, K]
+  return jnp.einsum("bsk,kh->bsh", one_hot, table.astype(dtype),
+                    precision=jax.lax.Precision.HIGHEST)                      # [B, S, H]
 
 
 def attention_implementation(config: BertConfig, deterministic: bool) -> Optional[str]:
@@ -198,7 +219,7 @@ class BertResidualOutput(nn.Module):
   @nn.compact
   def __call__(self, x, residual, deterministic: bool):
     c = self.config
-    axes = ("embed", "embed") if x.shape[-1] == c.hidden_size else ("mlp", "embed")
+    axes = ("joined_kv", "embed") if x.shape[-1] == c.hidden_size else ("mlp", "embed")
     x = _dense(c, c.hidden_size, axes, "dense")(x)
     x = nn.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
     return _layer_norm(c)(x + residual)
@@ -283,7 +304,7 @@ class BertPooler(nn.Module):
       first = sequence_output[:, 0]                           # [B, H]
     else:
       first = gather_positions(sequence_output, cls_positions)  # [B, K, H]
-    return jnp.tanh(_dense(c, c.hidden_size, ("embed", "embed"), "dense")(first))
+    return jnp.tanh(_dense(c, c.hidden_size, ("embed", "embed_out"), "dense")(first))
 
 
 class BertModel(nn.Module):
@@ -313,8 +334,6 @@ class BertModel(nn.Module):
       attention_mask = jnp.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)   # [B, S, H]
     bias = attention_bias(attention_mask, c.causal_attention)
     sequence_output, layers = self.encoder(x, bias, deterministic, output_hidden_states)
@@ -357,7 +376,7 @@ class _TransformModule(nn.Module):
   @nn.compact
   def __call__(self, hidden):
     c = self.config
-    h = _dense(c, c.hidden_size, ("embed", "embed"), "dense")(hidden)
+    h = _dense(c, c.hidden_size, ("embed", "embed_out"), "dense")(hidden)
     return _layer_norm(c)(_activation(c.hidden_act)(h))
 
 

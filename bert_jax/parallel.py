@@ -5,7 +5,10 @@ evaluation step, place a host batch, turn the state into a checkpointable tree a
 training loops are written once. `config.parallelism`:
 
   jit   (default) one program for the global mesh; the batch is sharded along `data`, the state
-        replicated; XLA inserts the gradient all-reduce. Works across hosts.
+        replicated; XLA inserts the gradient all-reduce. Works across hosts. With
+        `config.model_parallelism` > 1 the mesh gains a `model` axis and the parameters and
+        optimizer moments are sharded along it by their logical axis names (tensor
+        parallelism; `bert_jax.sharding`), XLA inserting the activation all-reduces.
   pmap  the step runs per device with an explicit `axis_name`; the loss is normalised by the
         global weight totals and gradients are summed with `psum`, so the update equals a single
         device running the global batch. The classic multi-core TPU style.
@@ -25,12 +28,16 @@ PMAP_AXIS = "batch"
 class JitParallel:
   name = "jit"
 
-  def __init__(self):
-    self.mesh = sharding.create_mesh()
+  def __init__(self, config=None):
+    self.mesh = sharding.create_mesh(config)
+    self.rules = sharding.logical_axis_rules(config)
     self.state_sharding = None
 
-  def init_state(self, init_fn: Callable):
-    state, self.state_sharding = sharding.create_sharded_state(init_fn, self.mesh)
+  def init_state(self, init_fn: Callable, param_axes=None):
+    """`param_axes`: the parameters' logical axis names (`sharding.logical_axes`); with them the
+    parameters and optimizer moments are sharded by the rules, without them replicated."""
+    state, self.state_sharding = sharding.create_sharded_state(init_fn, self.mesh, param_axes,
+                                                               self.rules)
     return state
 
   def place_state(self, host_state):
@@ -74,7 +81,8 @@ class PmapParallel:
     self.devices = jax.local_devices()
     self.mesh = sharding.create_mesh()  # for `with mesh:` symmetry; unused by pmap itself
 
-  def init_state(self, init_fn: Callable):
+  def init_state(self, init_fn: Callable, param_axes=None):
+    del param_axes  # pmap replicates the whole state on every device
     return self.place_state(jax.device_get(jax.jit(init_fn)()))
 
   def place_state(self, host_state):
@@ -125,7 +133,11 @@ class PmapParallel:
 def create(config) -> "JitParallel | PmapParallel":
   name = config.get("parallelism", "jit")
   if name == "jit":
-    return JitParallel()
+    return JitParallel(config)
   if name == "pmap":
+    if sharding.model_parallelism(config) > 1:
+      raise ValueError(f"config.parallelism='pmap' is data-parallel only, but "
+                       f"config.model_parallelism={config.model_parallelism}; use "
+                       "config.parallelism='jit' for tensor parallelism")
     return PmapParallel()
   raise ValueError(f"config.parallelism={name!r}: expected 'jit' or 'pmap'")

@@ -322,10 +322,18 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
   """The tf.data pipeline for training or evaluation records, as the config describes.
 
   `process_index`/`process_count` default to this process's (each host reads its own shard).
+  With `config.data.packing` the training batches are packed rows (evaluation never is).
   """
   from data_pipelines import input_pipeline, masking
   from bert_jax import tokenization
   files = config.data.input_files if training else config.data.eval_input_files
+  packing_config = None
+  if training and config.data.get("packing", False):
+    if config.objective == "ltr":
+      raise ValueError("config.data.packing needs an MLM objective (mlm_nsp or mlm): the "
+                       "left-to-right targets of a packed row would cross from pair to pair")
+    packing_config = packing.PackingConfig(window=config.data.packing_window,
+                                           max_pairs_per_row=config.data.max_pairs_per_row)
   masking_config, special = None, None
   if config.data.masking == "dynamic" and config.objective != "ltr":
     masking_config = masking.MaskingConfig.from_mixture(
@@ -343,7 +351,14 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
       max_predictions_per_seq=config.max_predictions_per_seq, masking=masking_config,
       special=special, seed=config.seed, is_training=training,
       process_index=process_index, process_count=process_count,
-      shuffle_buffer_size=config.data.shuffle_buffer_size)
+      shuffle_buffer_size=config.data.shuffle_buffer_size, packing=packing_config)
+
+
+def _pairs_in(batch) -> float:
+  """Real sequences (NSP pairs) in this host's batch: one per row unless rows are packed."""
+  if packing.NSP_WEIGHTS in batch:
+    return float(np.sum(batch[packing.NSP_WEIGHTS]))
+  return float(len(batch["input_ids"]))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
@@ -369,7 +384,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   rng = jax.random.PRNGKey(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
 
-  state = par.init_state(lambda: create_train_state(config, model, tx, init_rng))
+  # Logical axis names of the parameters: with config.model_parallelism > 1 they shard the state.
+  param_axes = sharding.logical_axes(
+      model.init, init_rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
+  state = par.init_state(lambda: create_train_state(config, model, tx, init_rng), param_axes)
   step_fn = functools.partial(train_step, model=model, tx=tx, objective=config.objective,
                               schedule=schedule, grad_accum_steps=config.grad_accum_steps)
   p_train_step = par.compile_step(step_fn)
@@ -394,12 +412,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   writer = MetricWriter(workdir, resume_step=start_step)
 
   last: Dict[str, float] = {}
-  window_start, window_steps = time.time(), 0
+  window_start, window_steps, window_pairs = time.time(), 0, 0.0
   tokens_per_batch = config.global_batch_size * config.max_seq_length
   with _Preemption() as preemption, par.mesh:
     step = start_step
     while step < config.num_train_steps:
-      state, metrics = p_train_step(state, par.put_batch(next(iterator)), dropout_rng)
+      batch = next(iterator)
+      window_pairs += _pairs_in(batch)
+      state, metrics = p_train_step(state, par.put_batch(batch), dropout_rng)
       step += 1
       window_steps += 1
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
@@ -407,9 +427,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         counters = par.metrics({"total": state.total_skips, "run": state.consecutive_skips})
         last["skipped_steps_total"] = float(counters["total"])
         elapsed = max(time.time() - window_start, 1e-9)
-        last.update(steps_per_sec=window_steps / elapsed,
-                    sequences_per_sec=window_steps * config.global_batch_size / elapsed,
+        # Sequences are NSP pairs (several per packed row); the global count assumes the
+        # other hosts' rows hold as many pairs as this host's (exact with one host).
+        pairs = window_pairs * jax.process_count()
+        last.update(steps_per_sec=window_steps / elapsed, sequences_per_sec=pairs / elapsed,
                     tokens_per_sec=window_steps * tokens_per_batch / elapsed)
+        if packing.NSP_WEIGHTS in batch:
+          last["pairs_per_row"] = pairs / (window_steps * config.global_batch_size)
         writer.write(step, "train", last)
         writer.console(step, config.num_train_steps, "train", last)
         consecutive = int(counters["run"])
@@ -422,7 +446,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
               f"Aborting at step {step}: {consecutive} consecutive steps had a non-finite loss "
               f"or gradient (limit config.max_consecutive_skips={config.max_consecutive_skips}). "
               "Lower the learning rate or check the input data.")
-        window_start, window_steps = time.time(), 0
+        window_start, window_steps, window_pairs = time.time(), 0, 0.0
       if config.eval_every_steps and config.data.eval_input_files and (
           step % config.eval_every_steps == 0 or step == config.num_train_steps):
         eval_metrics = evaluate(config, state.params, p_eval_step, par)

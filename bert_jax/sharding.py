@@ -1,23 +1,85 @@
-"""Device mesh and placement: the batch is sharded along `data`, the train state replicated.
+"""Device mesh and placement: the batch is sharded along `data`; parameters along `model`.
 
 One code path serves one CPU, every core of a TPU VM and several hosts: `jit` compiles the step
 for the global mesh, and each host contributes its own slice of the global batch
 (`jax.make_array_from_process_local_data`).
-"""
-from typing import Callable, Dict, Iterable, Iterator, Tuple
 
+Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: the mesh is
+(data = devices / model_parallelism, model). Parameters carry logical axis names
+(`nn.with_logical_partitioning` in `bert_jax.modeling`); one table of rules
+(`DEFAULT_RULES`, or `config.logical_axis_rules`) maps them onto mesh axes, and every leaf of the
+train state that mirrors a parameter (Adam/LAMB moments) is placed like that parameter.
+"""
+import math
+from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
+
+import flax.linen as nn
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+from absl import logging
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DATA_AXIS = "data"
+MODEL_AXIS = "model"
+
+# Logical axis name -> mesh axis (None: replicated). Megatron-style tensor parallelism: the
+# attention heads (q/k/v column-parallel, output projection row-parallel) and the FFN
+# (intermediate column-parallel, output row-parallel) are split along `model`, so each layer
+# needs one all-reduce after attention and one after the FFN; the word-embedding table and the
+# MLM output bias are split along the vocabulary. A dimension that a mesh axis does not divide
+# (e.g. BERT's vocab_size 30522 over 4 devices) stays replicated instead (see `_fit`).
+DEFAULT_RULES = (
+    ("batch", DATA_AXIS),
+    ("vocab", MODEL_AXIS),
+    ("joined_kv", MODEL_AXIS),
+    ("mlp", MODEL_AXIS),
+    ("embed", None),
+    ("embed_out", None),   # output side of the square H->H kernels (pooler, MLM transform)
+    ("layers", None),      # the stacked-layer axis of `scan_layers`
+)
+
+Rules = Sequence[Tuple[str, Optional[str]]]
+
+
+def model_parallelism(config=None) -> int:
+  """`config.model_parallelism` (devices along `model`); 1 without a config or the field."""
+  value = 1 if config is None else config.get("model_parallelism", 1)
+  if not isinstance(value, int) or value < 1:
+    raise ValueError(f"config.model_parallelism={value!r}: expected a positive integer")
+  return value
+
+
+def mesh_shape(config=None) -> Tuple[int, int]:
+  """(data, model) sizes of the mesh; a clear error if model_parallelism does not fit."""
+  model = model_parallelism(config)
+  count = jax.device_count()
+  if count % model:
+    raise ValueError(f"config.model_parallelism={model} does not divide the {count} devices: "
+                     "the data axis would be device_count / model_parallelism")
+  if jax.process_count() > 1 and jax.local_device_count() % model:
+    # Each host feeds its own rows, so a model group (which shares rows) must sit on one host.
+    raise ValueError(f"config.model_parallelism={model} does not divide the "
+                     f"{jax.local_device_count()} devices of each host")
+  return count // model, model
 
 
 def create_mesh(config=None) -> Mesh:
-  """A 1-D mesh over every device of every process, along the `data` axis."""
-  devices = np.asarray(jax.devices())
-  return Mesh(devices.reshape(-1), (DATA_AXIS,))
+  """A 1-D `data` mesh over every device, or (data, model) when config.model_parallelism > 1."""
+  data, model = mesh_shape(config)
+  if model == 1:
+    return Mesh(np.asarray(jax.devices()).reshape(-1), (DATA_AXIS,))
+  # Devices are ordered by process, so a `model` row (neighbouring devices) stays on one host;
+  # on TPU, create_device_mesh also keeps it on neighbouring chips of the interconnect.
+  devices = mesh_utils.create_device_mesh((data, model), devices=jax.devices())
+  return Mesh(devices, (DATA_AXIS, MODEL_AXIS))
+
+
+def logical_axis_rules(config=None) -> Rules:
+  """`config.logical_axis_rules` if given (pairs of logical name, mesh axis or None), else
+  `DEFAULT_RULES`."""
+  rules = None if config is None else config.get("logical_axis_rules")
+  return tuple((name, axis) for name, axis in rules) if rules else DEFAULT_RULES
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -35,12 +97,77 @@ def shard_batch(batch, mesh: Mesh):
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
-def create_sharded_state(init_fn: Callable, mesh: Mesh) -> Tuple[object, object]:
-  """Runs `init_fn` under jit with the state placed on the mesh; returns (state, shardings)."""
+def logical_axes(boxed_init: Callable, *args, **kwargs):
+  """The logical axis names (a PartitionSpec per parameter) of `boxed_init(*args)['params']`,
+  e.g. `logical_axes(model.init, rng, ids)`: traced with eval_shape, nothing is computed."""
+  variables = jax.eval_shape(boxed_init, *args, **kwargs)
+  return nn.get_partition_spec(variables["params"])
+
+
+def _fit(logical: P, shape: Tuple[int, ...], mesh: Mesh, rules: Rules) -> P:
+  """Mesh PartitionSpec of an array with these logical dimension names and this shape.
+
+  A mesh axis that the mesh lacks (`model` on a 1-D mesh) or that does not divide its dimension
+  is dropped: that dimension is replicated rather than padded.
+  """
+  fitted = []
+  for dim, axis in zip(shape, nn.logical_to_mesh_axes(tuple(logical), rules)):
+    names = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+    fits = names and all(n in mesh.shape for n in names) and (
+        dim % math.prod(mesh.shape[n] for n in names) == 0)
+    fitted.append(axis if fits else None)
+  return P(*fitted)
+
+
+def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """A NamedSharding for every leaf of `abstract_state`.
+
+  A leaf whose key path ends with a parameter's path and has that parameter's rank (the
+  parameter itself, and optimizer leaves that mirror the parameter tree: Adam's mu/nu, LAMB's
+  moments, under any optax wrapper) is sharded by the parameter's logical axes; everything else
+  (step, counts, skip counters) is replicated.
+  """
+  is_spec = lambda x: isinstance(x, P)
+  by_path = {tuple(path): spec for path, spec in
+             jax.tree_util.tree_flatten_with_path(param_axes, is_leaf=is_spec)[0]}
+  lengths = sorted({len(path) for path in by_path}, reverse=True)
+
+  def place(path, leaf):
+    for n in lengths:
+      spec = by_path.get(tuple(path[-n:])) if 0 < n <= len(path) else None
+      if spec is not None and len(spec) == len(leaf.shape):
+        return NamedSharding(mesh, _fit(spec, leaf.shape, mesh, rules))
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(place, abstract_state)
+
+
+def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
+                         rules: Rules = DEFAULT_RULES) -> Tuple[object, object]:
+  """Runs `init_fn` under jit with the state placed on the mesh; returns (state, shardings).
+
+  With `param_axes` (from `logical_axes`) parameters and their optimizer moments are sharded by
+  `rules`, each device initialising only its own shards; without, the whole state is replicated.
+  """
   abstract = jax.eval_shape(init_fn)
-  shardings = jax.tree_util.tree_map(lambda _: replicated(mesh), abstract)
+  if param_axes is None:
+    shardings = jax.tree_util.tree_map(lambda _: replicated(mesh), abstract)
+  else:
+    shardings = state_shardings(abstract, param_axes, mesh, rules)
+    _log_layout(abstract, shardings, mesh)
   state = jax.jit(init_fn, out_shardings=shardings)()
   return state, shardings
+
+
+def _log_layout(abstract_state, shardings, mesh: Mesh) -> None:
+  """How much of the train state is sharded, once at start-up."""
+  pairs = list(zip(jax.tree_util.tree_leaves(abstract_state),
+                   jax.tree_util.tree_leaves(shardings)))
+  nbytes = lambda xs: sum(x.size * x.dtype.itemsize for x in xs) / 1e6
+  split = [x for x, s in pairs if any(axis is not None for axis in s.spec)]
+  logging.info("Train state: %d of %d arrays (%.1f of %.1f MB) sharded over the mesh %s",
+               len(split), len(pairs), nbytes(split), nbytes([x for x, _ in pairs]),
+               dict(mesh.shape))
 
 
 def every_process(flag: bool) -> bool:

@@ -9,8 +9,19 @@ Determinism: every shuffle is seeded and the masking seed of a batch is (seed, b
 the same seed gives the same batches, and `PipelineIterator.save/restore` (tf.data iterator
 checkpoints) resumes exactly where a run stopped. Evaluation makes one ordered pass and pads the
 last partial batch, marking real rows with `example_weight` 1.0 and padding rows with 0.0.
+
+Packing (training only, `packing=PackingConfig(...)`, config.data.packing): records are batched
+into windows of `packing.window` instances instead, parsed and masked per window (seed: window
+index), each window is packed into rows (data_pipelines/packing.py: several NSP pairs per row,
+block-diagonal attention), the rows are shuffled within their window (stateless), unbatched and
+batched again: a batch then holds global_batch_size / process_count *rows*. Every stage is a
+stateless function of its input or a tf.data op with checkpointable state, so the same seed gives
+the same rows and iterator checkpoints still resume exactly. Evaluation is never packed, so eval
+metrics are those of the unpacked data and comparable across runs with and without packing.
 """
+import atexit
 import os
+import weakref
 from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
@@ -18,6 +29,7 @@ import tensorflow as tf
 
 from data_pipelines import features as F
 from data_pipelines import masking as M
+from data_pipelines import packing as P
 
 try:  # TensorFlow must never take the accelerators from JAX.
   tf.config.set_visible_devices([], "GPU")
@@ -69,11 +81,14 @@ def create_pretraining_dataset(
     max_predictions_per_seq: int, masking: Optional[M.MaskingConfig],
     special: Optional[M.SpecialTokens] = None, seed: int = 0, is_training: bool = True,
     process_index: Optional[int] = None, process_count: Optional[int] = None,
-    shuffle_buffer_size: int = 10_000, num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset:
+    shuffle_buffer_size: int = 10_000, num_parallel_calls=tf.data.AUTOTUNE,
+    packing: Optional[P.PackingConfig] = None) -> tf.data.Dataset:
   """Batches of pre-training features for this process (see the module docstring).
 
   masking: None passes records through: statically masked records as they are, dynamic records
     unmasked (what the left-to-right objective reads). A MaskingConfig masks dynamic records.
+  packing: None for one instance per row; a PackingConfig packs training rows (ignored when
+    is_training is False: evaluation stays unpacked).
   """
   files = expand_patterns(file_patterns)
   kind = record_kind(files[0])
@@ -82,6 +97,10 @@ def create_pretraining_dataset(
                      "(config.data.masking='static'), or write dynamic records")
   if masking is not None and special is None:
     raise ValueError("dynamic masking needs the special-token ids (special=SpecialTokens...)")
+  packing = packing if is_training else None
+  if packing is not None and kind == "dynamic" and masking is None:
+    raise ValueError("packing needs masked_lm_* features (an MLM objective): it does not apply "
+                     "to unmasked records (the left-to-right objective)")
   process_index, process_count = _process_info(process_index, process_count)
   if global_batch_size % process_count:
     raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
@@ -107,7 +126,8 @@ def create_pretraining_dataset(
     dataset = dataset.shard(*record_shard)
   if is_training:
     dataset = dataset.shuffle(shuffle_buffer_size, seed=seed + 1, reshuffle_each_iteration=True)
-  dataset = dataset.batch(batch_size, drop_remainder=is_training)
+  # Packing parses, masks and packs whole windows; rows are batched afterwards.
+  dataset = dataset.batch(packing.window if packing else batch_size, drop_remainder=is_training)
 
   def parse(index, serialized):
     parsed = tf.io.parse_example(serialized, spec)
@@ -125,11 +145,55 @@ def create_pretraining_dataset(
 
   dataset = dataset.enumerate().map(parse, num_parallel_calls=num_parallel_calls,
                                     deterministic=True)
+  if packing:
+    dataset = _pack_rows(dataset, packing, max_predictions_per_seq, seed, batch_size,
+                         num_parallel_calls)
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_optimization.map_parallelization = True
   dataset = dataset.with_options(options)
   return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _pack_rows(windows: tf.data.Dataset, packing: P.PackingConfig, max_predictions: int,
+               seed: int, batch_size: int, num_parallel_calls) -> tf.data.Dataset:
+  """Windows of masked instances -> batches of `batch_size` packed rows (module docstring)."""
+  def pack(index, window):
+    rows = _pack_window(window, packing.max_pairs_per_row, max_predictions)
+    # Rows come out longest-pairs first; a stateless shuffle mixes them within the window so a
+    # batch does not hold only full-length or only many-pair rows.
+    order = tf.argsort(tf.random.stateless_uniform(
+        tf.shape(rows[F.INPUT_IDS])[:1], seed=tf.stack([tf.cast(seed, tf.int64) + 2, index])))
+    return {name: tf.gather(value, order) for name, value in rows.items()}
+
+  dataset = windows.enumerate().map(pack, num_parallel_calls=num_parallel_calls,
+                                    deterministic=True)
+  return dataset.unbatch().batch(batch_size, drop_remainder=True)
+
+
+def _pack_window(window: Dict[str, tf.Tensor], max_pairs: int,
+                 max_predictions: int) -> Dict[str, tf.Tensor]:
+  """`packing.pack_batch` as a tf.data op: [N, ...] instances -> [R, ...] rows, R <= N.
+
+  tf.numpy_function reuses the one packing implementation (first-fit decreasing, a sequential
+  loop that TF ops would express only awkwardly). `stateful=False` is the truth (the result is a
+  function of the window only) and is what lets tf.data checkpoint iterators through it.
+  """
+  names = sorted(window)
+  seq_len = window[F.INPUT_IDS].shape[1]
+
+  def pack(*arrays):
+    rows = P.pack_batch(dict(zip(names, arrays)), max_pairs, max_predictions)
+    return [rows[name] for name in P.ROW_FEATURES]
+
+  widths = {P.CLS_POSITIONS: max_pairs, F.NEXT_SENTENCE_LABELS: max_pairs,
+            P.NSP_WEIGHTS: max_pairs, F.MASKED_LM_POSITIONS: max_predictions,
+            F.MASKED_LM_IDS: max_predictions, F.MASKED_LM_WEIGHTS: max_predictions}
+  dtypes = [tf.float32 if name in (F.MASKED_LM_WEIGHTS, P.NSP_WEIGHTS) else tf.int32
+            for name in P.ROW_FEATURES]
+  values = tf.numpy_function(pack, [window[name] for name in names], dtypes, stateful=False)
+  return {name: tf.ensure_shape(value, [None, widths.get(name, seq_len)])   # [R, width]
+          for name, value in zip(P.ROW_FEATURES, values)}
 
 
 def _pad_batch(batch: Dict[str, tf.Tensor], batch_size: int) -> Dict[str, tf.Tensor]:
@@ -150,6 +214,11 @@ class PipelineIterator:
   def __init__(self, dataset: tf.data.Dataset):
     self._iterator = iter(dataset)
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+    _LIVE_ITERATORS.add(self)
+
+  def close(self) -> None:
+    """Stops the background threads (the iterator is unusable afterwards)."""
+    self._iterator = self._checkpoint = None
 
   def __iter__(self):
     return self
@@ -166,3 +235,10 @@ class PipelineIterator:
     if not tf.io.gfile.glob(prefix + "*"):
       raise FileNotFoundError(f"No input-pipeline state at {prefix}")
     self._checkpoint.read(prefix).assert_consumed()
+
+
+# Packing runs Python (tf.numpy_function) on tf.data's threads. An iterator still alive when the
+# interpreter finalises deadlocks there: its threads wait for the GIL, the main thread for them.
+# Closing live iterators at exit, while Python still runs, avoids that.
+_LIVE_ITERATORS = weakref.WeakSet()
+atexit.register(lambda: [iterator.close() for iterator in list(_LIVE_ITERATORS)])

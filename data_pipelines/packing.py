@@ -11,7 +11,11 @@ Packing puts several `[CLS] A [SEP] B [SEP]` pairs into one row of `max_seq_leng
   masked_lm_*     [P]  the pairs' predictions, positions shifted to the row
 
 so every pair's hidden states, MLM and NSP losses equal those of the unpacked pair.
+
+The training pipeline (data_pipelines/input_pipeline.py, `config.data.packing`) packs each window
+of `PackingConfig.window` instances with `pack_batch`; this module stays free of TensorFlow.
 """
+import dataclasses
 from typing import Dict, List, Sequence
 
 import jax.numpy as jnp
@@ -23,6 +27,27 @@ PAIR_IDS = "pair_ids"
 POSITION_IDS = "position_ids"
 CLS_POSITIONS = "cls_positions"
 NSP_WEIGHTS = "nsp_weights"
+# The features of a packed row, in the order the tf.data wrapper returns them.
+ROW_FEATURES = (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, POSITION_IDS, PAIR_IDS,
+                F.MASKED_LM_POSITIONS, F.MASKED_LM_IDS, F.MASKED_LM_WEIGHTS, CLS_POSITIONS,
+                F.NEXT_SENTENCE_LABELS, NSP_WEIGHTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingConfig:
+  """How the training pipeline packs (config.data.packing_window / max_pairs_per_row).
+
+  A row has as many prediction slots as an unpacked sequence (max_predictions_per_seq, passed
+  separately): each pair keeps the masks it would have unpacked and joins a row only while the
+  row's slots hold all of them, so no prediction is ever dropped.
+  """
+  window: int = 256              # instances packed together (first-fit decreasing per window)
+  max_pairs_per_row: int = 4     # K: NSP slots per row
+
+  def __post_init__(self):
+    if self.window < 1 or self.max_pairs_per_row < 1:
+      raise ValueError(f"PackingConfig: window={self.window} and max_pairs_per_row="
+                       f"{self.max_pairs_per_row} must be >= 1")
 
 
 def attention_mask(batch) -> jnp.ndarray:
@@ -97,6 +122,19 @@ def _build_row(pairs, max_seq_length, max_pairs, max_predictions) -> Dict[str, n
     offset += n
     predicted += count
   return row
+
+
+def pack_batch(batch: Dict[str, np.ndarray], max_pairs_per_row: int,
+               max_predictions_per_row: int) -> Dict[str, np.ndarray]:
+  """A batch of N instances ([N, ...] arrays) -> its packed rows ([R, ...] arrays, R <= N).
+
+  Pure and deterministic (a function of `batch` only), which is what lets tf.data call it and
+  still checkpoint its iterators.
+  """
+  count, max_seq_length = np.shape(batch[F.INPUT_IDS])
+  examples = [{name: value[i] for name, value in batch.items()} for i in range(count)]
+  return stack(pack_examples(examples, max_seq_length, max_pairs_per_row,
+                             max_predictions_per_row))
 
 
 def stack(rows: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:

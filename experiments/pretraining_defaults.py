@@ -33,6 +33,10 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
   c.seed = 0
+  # jax_default_prng_impl for initialisation and dropout: "" keeps JAX's default (threefry2x32,
+  # the same bits under any sharding). "rbg" compiles BERT-base initialisation in 15 s instead of
+  # 4 minutes on an H100 (benchmarks/RESULTS.md); its streams differ from threefry's.
+  c.prng_impl = ""
 
   c.global_batch_size = 256          # sequences per step, all hosts together
   c.eval_batch_size = 64
@@ -43,6 +47,12 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.learning_rate = 1e-4
   c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
   c.parallelism = "jit"                      # jit over the device mesh | pmap
+  # Tensor parallelism (jit only): devices along the mesh's `model` axis; the `data` axis gets
+  # device_count / model_parallelism. Attention heads, FFN and vocabulary are split Megatron-style.
+  c.model_parallelism = 1
+  # Override of bert_jax.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or None),
+  # e.g. (("vocab", None), ("joined_kv", "model"), ("mlp", "model")); () = the defaults.
+  c.logical_axis_rules = ()
   c.grad_accum_steps = 1                     # micro-batches per update (same update as the batch)
   c.max_consecutive_skips = 10               # abort after this many non-finite steps in a row
 
@@ -64,5 +74,17 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.data.spm_model_file = ""
   c.data.do_lower_case = True
   c.data.shuffle_buffer_size = 10_000
+  # Sequence packing (training only; evaluation stays unpacked): several NSP pairs share a row with
+  # block-diagonal attention and restarted positions, so global_batch_size counts *rows*. A row
+  # has max_predictions_per_seq masked-LM slots, as an unpacked sequence: each pair is masked as
+  # it would be alone and joins a row only if all its predictions still fit (none is dropped).
+  c.data.packing = False
+  # NSP slots per row, K. Choose about max_seq_length / (length of a typical short pair), e.g. 4
+  # at 128 and 8 at 512; beyond what fits, more only adds cheap empty slots (weight 0), fewer
+  # leaves row space unused. Not the objective 'ltr' (its targets would cross pairs).
+  c.data.max_pairs_per_row = 4
+  # Instances packed together (first-fit decreasing within each window): larger packs tighter
+  # but costs more host CPU per window; keep it several times the per-host rows per batch.
+  c.data.packing_window = 256
   c.data.prepare_demo_corpus = False
   return c

@@ -148,3 +148,19 @@ def test_a_run_learns(tmp_path):
   result = pretraining.train_and_evaluate(config, str(tmp_path / "work"))
   # Chance is 1/45; the repeated-word structure makes masked tokens predictable.
   assert result["eval_mlm_accuracy"] > 0.8, result
+
+
+def test_prng_impl_switch_changes_the_random_streams(reference_run, tmp_path):
+  """`--config.prng_impl=rbg` reaches JAX before any key exists: another initialisation, and the
+  run still trains (rbg is the fast-compiling choice on GPU)."""
+  base, _, _ = reference_run
+  experiment = fx.write_experiment(str(tmp_path), str(base / "data"))
+  workdir = str(tmp_path / "work")
+  subprocess.run(_main_cmd(experiment, workdir) + ["--config.prng_impl=rbg",
+                                                   "--config.num_train_steps=2"],
+                 cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=300)
+  rbg = read_metrics(workdir, "train")
+  threefry = read_metrics(str(base / "work"), "train")
+  assert [r["step"] for r in rbg] == [1, 2]
+  assert np.isfinite(rbg[-1]["loss"])
+  assert rbg[0]["param_norm"] != threefry[0]["param_norm"]

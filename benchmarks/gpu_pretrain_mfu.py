@@ -1,0 +1,298 @@
+r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorch peer, in one run.
+
+  python benchmarks/gpu_pretrain_mfu.py --size=base --seq=128 --batch=256
+  python benchmarks/gpu_pretrain_mfu.py --size=base --seq=512 --batch=64 --packing=both
+
+bert_jax's `train_step` (AdamW, dropout on, bfloat16 compute with float32 master weights) is timed
+against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the same
+AdamW, its default SDPA attention) on the same batch, in alternating rounds (bench_util).
+
+Instance lengths follow `--lengths`:
+  original  what the original data algorithm gives on long documents: 90% of instances fill the
+            row, 10% get a random target length (short_seq_prob = 0.1, spec section 3)
+  full      every row full (the usual MFU set-up)
+  FILE.npy  lengths measured on a real corpus (`--save_lengths` writes them from TFRecords)
+
+Reported per configuration (one JSON line):
+  mfu          model FLOPs of the shapes the step computes (every row position, masked-only MLM
+               head) / the GPU's nominal dense bf16 peak: the convention of NVIDIA's and MLPerf's
+               BERT numbers
+  useful_mfu   the same with only real tokens counted (padding and cross-pair attention are waste)
+  vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
+  real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
+With `--packing=on` several short pairs share a row (data_pipelines/packing.py); the throughput
+that matters is then real tokens (pairs) per second, which is what the packed row is compared by.
+"""
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.55")  # the PyTorch peer needs the rest
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from benchmarks import bench_util  # noqa: E402
+from bert_jax import modeling, optim, pretraining  # noqa: E402
+from bert_jax.config import BertConfig  # noqa: E402
+from data_pipelines import packing  # noqa: E402
+from experiments import pretraining_defaults  # noqa: E402
+
+VOCAB = 30522
+# Nominal dense bfloat16 tensor-core peaks (vendor data sheets), FLOP/s.
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12}
+CLS, SEP, MASK = 101, 102, 103
+
+
+def nominal_peak(device_kind: str) -> float:
+  return next((v for k, v in PEAK_BF16.items() if k in device_kind), float("nan"))
+
+
+def sample_lengths(how: str, count: int, seq: int, rng) -> np.ndarray:
+  if how == "full":
+    return np.full(count, seq)
+  if how == "original":
+    short = rng.rand(count) < 0.1
+    return np.where(short, rng.randint(5, seq + 1, size=count), seq)
+  measured = np.load(how)
+  return np.minimum(rng.choice(measured, size=count), seq)
+
+
+def instance(length: int, seq: int, max_pred: int, rng):
+  """One masked NSP instance of `length` tokens, padded to `seq` (the record layout)."""
+  ids = np.zeros(seq, np.int32)
+  ids[:length] = rng.randint(1000, VOCAB, size=length)
+  a_len = max(1, (length - 3) // 2)
+  ids[0], ids[a_len + 1], ids[length - 1] = CLS, SEP, SEP
+  segment = np.zeros(seq, np.int32)
+  segment[a_len + 2:length] = 1
+  # The original rule: round(15% of the tokens), at least 1, at most max_predictions_per_seq.
+  count = min(max_pred, max(1, int(round(length * 0.15))))
+  candidates = [i for i in range(length) if ids[i] not in (CLS, SEP)]
+  positions = np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
+  pad = lambda x, dtype: np.pad(np.asarray(x, dtype), (0, max_pred - len(x)))
+  return {"input_ids": ids, "input_mask": (np.arange(seq) < length).astype(np.int32),
+          "segment_ids": segment,
+          "masked_lm_positions": pad(positions, np.int32),
+          "masked_lm_ids": pad(ids[positions], np.int32),
+          "masked_lm_weights": pad(np.ones(len(positions)), np.float32),
+          "next_sentence_labels": np.asarray([rng.randint(2)], np.int32)}
+
+
+def make_batch(args, packed: bool, rng):
+  """(numpy batch of `args.batch` rows, real tokens per row, pairs per row, per-pair lengths).
+
+  A window of 8 batches of instances is made (and packed); every row costs the same to compute,
+  so a random sample of rows is timed and credited with the window's averages.
+  """
+  lengths = sample_lengths(args.lengths, 8 * args.batch, args.seq, rng)
+  examples = [instance(int(n), args.seq, args.max_pred, rng) for n in lengths]
+  rows = (packing.pack_examples(examples, args.seq, args.max_pairs, args.max_pred + args.max_pairs)
+          if packed else examples)
+  chosen = rng.choice(len(rows), size=args.batch, replace=len(rows) < args.batch)
+  return (packing.stack([rows[i] for i in chosen]), float(lengths.sum() / len(rows)),
+          len(examples) / len(rows), lengths)
+
+
+def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, seq=None):
+  """Training FLOPs (fwd + bwd = 3x fwd) of the encoder over the given sequences, the masked-only
+  MLM head and the pooler/NSP. `seq` set: every row counts as `seq` long with one S^2 attention."""
+  encoder_params = layers * 12 * hidden * hidden
+  if seq is not None:
+    tokens, attention = rows * seq, rows * seq * seq
+  else:
+    tokens = float(np.sum(seq_lengths_per_row))
+    attention = float(np.sum(np.square(seq_lengths_per_row)))
+  return (6 * encoder_params * tokens + 12 * layers * hidden * attention
+          + 6 * predictions * (hidden * hidden + hidden * VOCAB)
+          + 6 * pairs * (hidden * hidden + 2 * hidden))
+
+
+def jax_step(args, batch):
+  c = pretraining_defaults.get_config(args.size)
+  c.model.vocab_size = VOCAB
+  c.model.dtype = args.dtype
+  c.model.max_position_embeddings = max(512, args.seq)
+  if args.hidden_dropout >= 0:
+    c.model.hidden_dropout_prob = args.hidden_dropout
+  if args.attention_dropout >= 0:  # 0 lets cuDNN's fused attention run in training (GPU)
+    c.model.attention_probs_dropout_prob = args.attention_dropout
+  c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = args.seq, args.max_pred, args.batch
+  c.num_train_steps, c.warmup_steps = 10_000, 100
+  model = pretraining.build_model(c)
+  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
+  start = time.perf_counter()
+  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
+  jax.block_until_ready(state)
+  print(f"init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
+  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
+                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
+  if args.mode == "fwdbwd":  # gradients only: what the optimizer update costs is the difference
+    def grads_only(state, batch, rng):
+      loss_fn = lambda p: pretraining.loss_from_terms(pretraining.loss_terms(
+          model, p, batch, "mlm_nsp", rng, deterministic=False))[0]
+      loss, grads = jax.value_and_grad(loss_fn)(state.params)
+      return state.replace(step=state.step + 1), {"loss": loss + optax.tree.norm(grads) * 0}
+    step = jax.jit(grads_only, donate_argnums=(0,))
+  device_batch = jax.device_put(batch)
+  rng = jax.random.PRNGKey(1)
+  start = time.perf_counter()
+  state, metrics = step(state, device_batch, rng)
+  print(f"first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
+        f"{float(metrics['loss']):.3f}", flush=True)
+  holder = [state]
+  implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
+                                                     deterministic=False)
+
+  def run(steps):
+    for _ in range(steps):
+      holder[0], metrics = step(holder[0], device_batch, rng)
+    metrics["loss"].block_until_ready()  # one sync per round, not per step
+
+  return run, implementation or "xla"
+
+
+def torch_step(args, batch):
+  import torch
+  import transformers
+  named = BertConfig.named(args.size)
+  layers, hidden = named.num_hidden_layers, named.hidden_size
+  config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                                   max_position_embeddings=max(512, args.seq))
+  model = transformers.BertForPreTraining(config).cuda().train()
+  opt = bench_util.torch_adamw(model, lr=1e-4)
+  labels = np.full(batch["input_ids"].shape, -100, np.int64)
+  for row, (pos, ids, w) in enumerate(zip(batch["masked_lm_positions"], batch["masked_lm_ids"],
+                                          batch["masked_lm_weights"])):
+    labels[row, pos[w > 0]] = ids[w > 0]
+  cuda = lambda x: torch.tensor(np.asarray(x), dtype=torch.long).cuda()
+  inputs = {"input_ids": cuda(batch["input_ids"]), "attention_mask": cuda(batch["input_mask"]),
+            "token_type_ids": cuda(batch["segment_ids"]), "labels": cuda(labels),
+            "next_sentence_label": cuda(batch["next_sentence_labels"][:, 0])}
+
+  def run(steps):
+    for _ in range(steps):
+      opt.zero_grad(set_to_none=True)
+      with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(**inputs).loss
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+    torch.cuda.synchronize()
+
+  return run
+
+
+def bf16_matmul_flops_per_sec(n: int) -> float:
+  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.bfloat16)
+  f = jax.jit(lambda x: x @ x)
+  sec = bench_util.interleaved_best({"mm": lambda: f(a).block_until_ready()}, rounds=3,
+                                    steps=10)["mm"]
+  return 2 * n ** 3 / sec
+
+
+def save_lengths(pattern: str, out: str) -> None:
+  """Real instance lengths (sum of input_mask) of create_pretraining_data records -> .npy."""
+  import tensorflow as tf
+  from data_pipelines import input_pipeline
+  lengths = []
+  for path in input_pipeline.expand_patterns(pattern):
+    for raw in tf.data.TFRecordDataset(path):
+      example = tf.train.Example.FromString(raw.numpy())
+      lengths.append(sum(example.features.feature["input_mask"].int64_list.value))
+  np.save(out, np.asarray(lengths, np.int32))
+  print(f"{len(lengths)} lengths, mean {np.mean(lengths):.1f} -> {out}")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--size", default="base")
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=256, help="rows per step")
+  parser.add_argument("--max_pred", type=int, default=0, help="0: round(0.15 * seq)")
+  parser.add_argument("--max_pairs", type=int, default=0, help="pairs per packed row; 0: seq/32")
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--lengths", default="original")
+  parser.add_argument("--packing", default="off", choices=["off", "on", "both"])
+  parser.add_argument("--peer", default="torch", choices=["torch", "none"])
+  parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--hidden_dropout", type=float, default=-1,
+                      help="override hidden_dropout_prob (-1: the model's 0.1)")
+  parser.add_argument("--mode", default="train", choices=["train", "fwdbwd"],
+                      help="fwdbwd: gradients only, no optimizer update (a breakdown)")
+  parser.add_argument("--attention_dropout", type=float, default=-1,
+                      help="override attention_probs_dropout_prob (-1: the model's 0.1)")
+  parser.add_argument("--prng", default="threefry2x32",
+                      choices=["threefry2x32", "rbg", "unsafe_rbg"],
+                      help="jax_default_prng_impl (dropout masks and initialisation)")
+  parser.add_argument("--profile", default="", help="directory for a profiler trace of 3 steps")
+  parser.add_argument("--matmul_n", type=int, default=8192, help="reference matmul size")
+  parser.add_argument("--save_lengths", nargs=2, metavar=("RECORDS", "OUT_NPY"))
+  args = parser.parse_args()
+  jax.config.update("jax_default_prng_impl", args.prng)
+  if args.save_lengths:
+    return save_lengths(*args.save_lengths)
+  args.max_pred = args.max_pred or int(round(0.15 * args.seq))
+  args.max_pairs = args.max_pairs or max(2, args.seq // 32)
+  kind = jax.devices()[0].device_kind
+  peak = nominal_peak(kind)
+  matmul = bf16_matmul_flops_per_sec(args.matmul_n)
+  print(f"{bench_util.machine_line()}; bf16 {args.matmul_n}^3 matmul {matmul / 1e12:.0f} TFLOP/s; "
+        f"nominal peak {peak / 1e12:.0f} TFLOP/s", flush=True)
+  named = BertConfig.named(args.size)
+  layers, hidden = named.num_hidden_layers, named.hidden_size
+  for packed in {"off": [False], "on": [True], "both": [False, True]}[args.packing]:
+    rng = np.random.RandomState(0)
+    batch, tokens_per_row, pairs_per_row, lengths = make_batch(args, packed, rng)
+    fns = {}
+    fns["bert_jax"], implementation = jax_step(args, batch)
+    if args.peer == "torch" and not packed:
+      fns["torch"] = torch_step(args, batch)
+    sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
+                                      rounds=args.rounds, steps=1, warmup=1)
+    sec = {k: v / args.steps for k, v in sec.items()}
+    predictions_per_row = float(np.mean([min(args.max_pred, max(1, round(0.15 * n)))
+                                         for n in lengths])) * pairs_per_row
+    # Computed: every row position, every prediction slot and every [CLS] slot of the rows.
+    slots_per_row = args.max_pred + args.max_pairs if packed else args.max_pred
+    cls_per_row = args.max_pairs if packed else 1
+    computed = model_flops(layers, hidden, None, args.batch * slots_per_row,
+                           args.batch * cls_per_row, args.batch, seq=args.seq)
+    # Useful: the real pairs of one step's worth of rows, each attending within itself.
+    pairs = args.batch * pairs_per_row
+    scale = pairs / len(lengths)
+    useful = scale * model_flops(layers, hidden, lengths, 0, 0, 0) + model_flops(
+        layers, hidden, [], args.batch * predictions_per_row, pairs, 0)
+    result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
+              "dtype": args.dtype, "lengths": args.lengths, "packing": packed,
+              "attention": implementation, "prng": args.prng,
+              "mode": args.mode,
+              "hidden_dropout": args.hidden_dropout if args.hidden_dropout >= 0 else 0.1,
+              "attention_dropout": args.attention_dropout if args.attention_dropout >= 0 else 0.1,
+              "pairs_per_row": round(pairs_per_row, 3),
+              "real_tokens_per_row": round(tokens_per_row, 1),
+              "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
+              "pairs_per_sec": round(pairs / sec["bert_jax"], 1),
+              "real_tokens_per_sec": round(args.batch * tokens_per_row / sec["bert_jax"]),
+              "mfu": round(computed / sec["bert_jax"] / peak, 3),
+              "useful_mfu": round(useful / sec["bert_jax"] / peak, 3),
+              "useful_vs_matmul": round(useful / sec["bert_jax"] / matmul, 3)}
+    if args.profile:  # a few steps under the profiler (Perfetto trace) for a per-kernel breakdown
+      with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+        fns["bert_jax"](3)
+    if "torch" in sec:
+      result.update(torch_steps_per_sec=round(1 / sec["torch"], 3),
+                    ratio_vs_torch=round(sec["torch"] / sec["bert_jax"], 2))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  main()
