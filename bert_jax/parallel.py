@@ -79,7 +79,7 @@ class PmapParallel:
 
   def __init__(self):
     self.devices = jax.local_devices()
-    self.mesh = sharding.create_mesh()  # for `with mesh:` symmetry; unused by pmap itself
+    self.mesh = sharding.create_mesh()  # for jit-compiled helpers (evaluation); pmap needs none
 
   def init_state(self, init_fn: Callable, param_axes=None):
     del param_axes  # pmap replicates the whole state on every device
@@ -116,8 +116,10 @@ class PmapParallel:
     return jax.tree_util.tree_map(split, batch)
 
   def checkpointable(self, state):
-    # Every replica holds the same values; checkpoint one copy.
-    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), state)
+    # Every replica holds the same values; checkpoint one copy. Across processes a shard keeps
+    # the replica axis as a leading 1 (one process: it is squeezed), so drop it by shape.
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(x.addressable_shards[0].data).reshape(x.shape[1:]), state)
 
   def abstract_state(self, state):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),

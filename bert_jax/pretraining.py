@@ -260,7 +260,11 @@ class _Preemption:
   With several processes the hosts must save at the *same* step (a save is a collective), but
   each host's loop runs ahead of its devices by a different amount. There jax's preemption
   service (started by `jax.distributed.initialize`) catches SIGTERM on any host and
-  `reached(step)` becomes True on every host at one agreed step.
+  `reached(step)` becomes True on every host at one agreed step: the service's C++ handler
+  replaces the default one at initialisation (so no Python handler may be installed, it would
+  take the signal from the service), polls for the signal once a second, and agrees on one
+  more than the largest step any host has passed to `reached`, which therefore must be called
+  with every step on every host (tests/test_multihost_preemption.py).
   """
 
   def __init__(self):
@@ -414,7 +418,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   last: Dict[str, float] = {}
   window_start, window_steps, window_pairs = time.time(), 0, 0.0
   tokens_per_batch = config.global_batch_size * config.max_seq_length
-  with _Preemption() as preemption, par.mesh:
+  with _Preemption() as preemption:  # shardings are explicit in the compiled steps: no mesh context
     step = start_step
     while step < config.num_train_steps:
       batch = next(iterator)

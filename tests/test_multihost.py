@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from bert_jax import checkpoints, pretraining
@@ -33,8 +34,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(experiment: str, workdir: str):
-  """Runs the 2 processes to completion; returns process 0's stdout."""
+def _start(experiment: str, workdir: str, *flags: str):
+  """Starts the 2 processes (`flags`: extra command-line flags); returns their `Popen`s."""
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # as tests/conftest.py: compile-bound tiny model
@@ -45,8 +46,14 @@ def _launch(experiment: str, workdir: str):
   procs = [subprocess.Popen(
       [sys.executable, "-m", "bert_jax.main", f"--config={experiment}", f"--workdir={workdir}",
        f"--coordinator_address=localhost:{port}", f"--num_processes={PROCESSES}",
-       f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True) for i in range(PROCESSES)]
+       f"--process_id={i}", *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(PROCESSES)]
+  return procs
+
+
+def _launch(experiment: str, workdir: str, *flags: str):
+  """Runs the 2 processes to completion; returns process 0's stdout."""
+  procs = _start(experiment, workdir, *flags)
   try:
     outputs = [proc.communicate(timeout=300) for proc in procs]
   finally:
@@ -82,12 +89,21 @@ def _as_one_host(original):
   return pipeline
 
 
-def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_path,
-                                                                          monkeypatch):
-  overrides = dict(OVERRIDES, **_data(str(tmp_path / "data")))
+# pmap across processes: each process maps over its local devices and `psum` spans all hosts.
+# pmap draws dropout per device (fold_in of the device index), jit over the global batch, so
+# the pmap run is compared without dropout.
+NO_DROPOUT = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}
+
+
+@pytest.mark.parametrize("parallelism", ["jit", "pmap"])
+def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_path, monkeypatch,
+                                                                          parallelism):
+  flag = f"--config.parallelism={parallelism}"
+  overrides = dict(OVERRIDES, **_data(str(tmp_path / "data")),
+                   **(NO_DROPOUT if parallelism == "pmap" else {}))
   experiment = fx.write_experiment(str(tmp_path), str(tmp_path / "data"), **overrides)
   workdir = str(tmp_path / "work")
-  out = _launch(experiment, workdir)
+  out = _launch(experiment, workdir, flag)
   assert "[eval] step 4/4" in out
   # Each host saved its own input position; metrics are written once (process 0).
   data_dir = os.path.join(workdir, "checkpoints", "4", "data")
@@ -111,7 +127,7 @@ def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_pa
   # Resume: without the step-4 checkpoint, 2 new processes continue from step 2 and recompute
   # steps 3-4 and the evaluation exactly as the first run did.
   shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))
-  out = _launch(experiment, workdir)
+  out = _launch(experiment, workdir, flag)
   assert "Resumed from the checkpoint at step 2" in out
   _assert_same_losses(read_metrics(workdir), multi, rtol=1e-6)
 
