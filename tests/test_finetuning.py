@@ -219,3 +219,45 @@ def test_fine_tuned_best_directory_predicts_without_training(mrpc_run, data, tmp
   assert again["dev"] == results["dev"]
   assert _tsv(os.path.join(tmp_path, "predict", "MRPC.tsv")) == _tsv(
       os.path.join(workdir, "MRPC.tsv"))
+
+
+class _Killed(Exception):
+  """Stands in for the process dying right after a checkpoint was written."""
+
+
+def test_run_killed_mid_training_resumes_to_the_same_result(data, monkeypatch, capsys):
+  """Killed after the step-2 checkpoint, then the same command again: metrics, best checkpoint
+  and predictions equal those of a run that was never interrupted."""
+  def config():
+    c = _config(data)
+    c.checkpoint_every_steps, c.eval_every_steps = 1, 2
+    return c
+
+  reference_dir, killed_dir = str(data["root"] / "uninterrupted"), str(data["root"] / "killed")
+  reference = tasks.run(config(), reference_dir)
+  assert reference["num_train_steps"] > 3, "the kill must land mid-training"
+
+  save = finetuning.tc.TrainingCheckpointer.save
+
+  def save_then_die(self, step, *args, **kwargs):
+    saved = save(self, step, *args, **kwargs)
+    if step == 3:  # after an evaluation (step 2) and between two of them
+      raise _Killed()
+    return saved
+
+  monkeypatch.setattr(finetuning.tc.TrainingCheckpointer, "save", save_then_die)
+  with pytest.raises(_Killed):
+    tasks.run(config(), killed_dir)
+  monkeypatch.undo()
+  capsys.readouterr()
+  resumed = tasks.run(config(), killed_dir)
+  assert "resumed at step 3" in capsys.readouterr().out
+
+  without_time = lambda records: [{k: v for k, v in r.items() if k != "examples_per_sec"}
+                                  for r in records]
+  assert without_time(read_metrics(killed_dir)) == without_time(read_metrics(reference_dir))
+  drop = lambda r: {k: v for k, v in r.items() if k != "train_seconds"}
+  assert drop(resumed) == drop(reference)
+  for name in ("dev_predictions.tsv", "MRPC.tsv"):
+    assert (open(os.path.join(killed_dir, name)).read()
+            == open(os.path.join(reference_dir, name)).read()), name
