@@ -147,3 +147,26 @@ def test_ltr_targets_are_next_tokens():
   labels, weights = pretraining.ltr_targets(batch)
   np.testing.assert_array_equal(labels, [[7, 8, 9, 2, 0, 0]])
   np.testing.assert_array_equal(weights, [[1, 1, 1, 1, 0, 0]])
+
+
+def test_weighted_cross_entropy_matches_the_gather_and_argmax_definition():
+  """The one-hot formulation equals -log_softmax[label] and argmax accuracy, gradients included."""
+  rng = np.random.RandomState(0)
+  logits = jnp.asarray(rng.randn(3, 5, 40).astype(np.float32) * 4)    # [B, P, V]
+  labels = jnp.asarray(rng.randint(0, 40, size=(3, 5)))
+  labels = labels.at[0, 0].set(int(jnp.argmax(logits[0, 0])))         # at least one correct
+  weights = jnp.asarray(rng.rand(3, 5).astype(np.float32))
+
+  def reference(logits):
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * weights)
+
+  nll, correct, total = pretraining.weighted_cross_entropy(logits, labels, weights)
+  np.testing.assert_allclose(nll, reference(logits), rtol=1e-6)
+  expected_correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
+  np.testing.assert_allclose(correct, expected_correct, rtol=1e-6)
+  assert float(expected_correct) > 0
+  np.testing.assert_allclose(total, jnp.sum(weights), rtol=1e-6)
+  ours = jax.grad(lambda x: pretraining.weighted_cross_entropy(x, labels, weights)[0])(logits)
+  np.testing.assert_allclose(ours, jax.grad(reference)(logits), rtol=1e-5, atol=1e-7)
