@@ -18,7 +18,8 @@ METRICS_FILE = "metrics.jsonl"
 # Fields that depend on wall-clock time or on where the logging window began (a resumed run's
 # first window is shorter: pairs_per_row averages other steps); everything else is a pure
 # function of the run.
-TIMING_FIELDS = ("sequences_per_sec", "tokens_per_sec", "steps_per_sec", "pairs_per_row")
+TIMING_FIELDS = ("sequences_per_sec", "tokens_per_sec", "real_tokens_per_sec", "steps_per_sec",
+                 "pairs_per_row")
 
 
 def _clean(value):

@@ -426,13 +426,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   writer = MetricWriter(workdir, resume_step=start_step)
 
   last: Dict[str, float] = {}
-  window_start, window_steps, window_pairs = time.time(), 0, 0.0
+  window_start, window_steps, window_pairs, window_tokens = time.time(), 0, 0.0, 0.0
   tokens_per_batch = config.global_batch_size * config.max_seq_length
   with _Preemption() as preemption:  # shardings are explicit in the compiled steps: no mesh context
     step = start_step
     while step < config.num_train_steps:
       batch = next(iterator)
       window_pairs += _pairs_in(batch)
+      window_tokens += float(np.sum(batch["input_mask"]))   # host numpy: no device sync
       state, metrics = p_train_step(state, par.put_batch(batch), dropout_rng)
       step += 1
       window_steps += 1
@@ -444,8 +445,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         # Sequences are NSP pairs (several per packed row); the global count assumes the
         # other hosts' rows hold as many pairs as this host's (exact with one host).
         pairs = window_pairs * jax.process_count()
+        # tokens_per_sec counts row positions (padding included); real_tokens_per_sec only the
+        # non-padding tokens, the throughput that packing raises (same multi-host estimate).
         last.update(steps_per_sec=window_steps / elapsed, sequences_per_sec=pairs / elapsed,
-                    tokens_per_sec=window_steps * tokens_per_batch / elapsed)
+                    tokens_per_sec=window_steps * tokens_per_batch / elapsed,
+                    real_tokens_per_sec=window_tokens * jax.process_count() / elapsed)
         if packing.NSP_WEIGHTS in batch:
           last["pairs_per_row"] = pairs / (window_steps * config.global_batch_size)
         writer.write(step, "train", last)
@@ -460,7 +464,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
               f"Aborting at step {step}: {consecutive} consecutive steps had a non-finite loss "
               f"or gradient (limit config.max_consecutive_skips={config.max_consecutive_skips}). "
               "Lower the learning rate or check the input data.")
-        window_start, window_steps, window_pairs = time.time(), 0, 0.0
+        window_start, window_steps, window_pairs, window_tokens = time.time(), 0, 0.0, 0.0
       if config.eval_every_steps and config.data.eval_input_files and (
           step % config.eval_every_steps == 0 or step == config.num_train_steps):
         eval_metrics = evaluate(config, state.params, p_eval_step, par)

@@ -49,9 +49,12 @@ def test_metrics_and_checkpoints_are_written(reference_run):
   train = read_metrics(workdir, "train")
   assert [r["step"] for r in train] == list(range(1, 13))
   for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "learning_rate",
-              "grad_norm", "param_norm", "sequences_per_sec", "tokens_per_sec"):
+              "grad_norm", "param_norm", "sequences_per_sec", "tokens_per_sec",
+              "real_tokens_per_sec"):
     assert key in train[-1], key
   evals = read_metrics(workdir, "eval")
+  # Padding exists in the fixture rows, so real tokens are fewer than row positions.
+  assert 0 < train[-1]["real_tokens_per_sec"] < train[-1]["tokens_per_sec"]
   assert [r["step"] for r in evals] == [6, 12]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]
   assert os.path.isdir(os.path.join(workdir, "tensorboard"))
