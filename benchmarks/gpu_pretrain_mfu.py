@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax import modeling, optim, pretraining  # noqa: E402
@@ -123,7 +122,8 @@ def jax_step(args, batch):
     c.model.hidden_dropout_prob = args.hidden_dropout
   if args.attention_dropout >= 0:  # 0 lets cuDNN's fused attention run in training (GPU)
     c.model.attention_probs_dropout_prob = args.attention_dropout
-  c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = args.seq, args.max_pred, args.batch
+  c.max_seq_length, c.max_predictions_per_seq = args.seq, args.max_pred
+  c.global_batch_size = args.batch
   c.num_train_steps, c.warmup_steps = 10_000, 100
   model = pretraining.build_model(c)
   tx, schedule = optim.create_optimizer(c, c.num_train_steps)
@@ -133,13 +133,6 @@ def jax_step(args, batch):
   print(f"init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
   step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
                                    objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
-  if args.mode == "fwdbwd":  # gradients only: what the optimizer update costs is the difference
-    def grads_only(state, batch, rng):
-      loss_fn = lambda p: pretraining.loss_from_terms(pretraining.loss_terms(
-          model, p, batch, "mlm_nsp", rng, deterministic=False))[0]
-      loss, grads = jax.value_and_grad(loss_fn)(state.params)
-      return state.replace(step=state.step + 1), {"loss": loss + optax.tree.norm(grads) * 0}
-    step = jax.jit(grads_only, donate_argnums=(0,))
   device_batch = jax.device_put(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
@@ -226,8 +219,6 @@ def main():
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--hidden_dropout", type=float, default=-1,
                       help="override hidden_dropout_prob (-1: the model's 0.1)")
-  parser.add_argument("--mode", default="train", choices=["train", "fwdbwd"],
-                      help="fwdbwd: gradients only, no optimizer update (a breakdown)")
   parser.add_argument("--attention_dropout", type=float, default=-1,
                       help="override attention_probs_dropout_prob (-1: the model's 0.1)")
   parser.add_argument("--prng", default="rbg", choices=["threefry2x32", "rbg", "unsafe_rbg"],
@@ -274,7 +265,6 @@ def main():
     result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
               "dtype": args.dtype, "lengths": args.lengths, "packing": packed,
               "attention": implementation, "prng": args.prng,
-              "mode": args.mode,
               "hidden_dropout": args.hidden_dropout if args.hidden_dropout >= 0 else 0.1,
               "attention_dropout": args.attention_dropout if args.attention_dropout >= 0 else 0.1,
               "pairs_per_row": round(pairs_per_row, 3),
