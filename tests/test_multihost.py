@@ -12,6 +12,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -51,11 +53,34 @@ def _start(experiment: str, workdir: str, *flags: str):
   return procs
 
 
+def _communicate_in_background(procs):
+  """Drains every process's pipes from threads; returns a function that joins them and gives
+  [(stdout, stderr)] (None for a process still running). Reading one process to its end before
+  the other would deadlock: the unread one blocks on its full pipe, its partner in a collective."""
+  outputs = [None] * len(procs)
+
+  def drain(i):
+    outputs[i] = procs[i].communicate()
+
+  threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+  for thread in threads:
+    thread.start()
+
+  def join(timeout):
+    deadline = time.time() + timeout
+    for thread in threads:
+      thread.join(max(0.0, deadline - time.time()))
+    return outputs
+  return join
+
+
 def _launch(experiment: str, workdir: str, *flags: str):
   """Runs the 2 processes to completion; returns process 0's stdout."""
   procs = _start(experiment, workdir, *flags)
   try:
-    outputs = [proc.communicate(timeout=300) for proc in procs]
+    outputs = _communicate_in_background(procs)(300)
+    for i, proc in enumerate(procs):
+      assert proc.poll() is not None, f"process {i} still runs after 300 s"
   finally:
     for proc in procs:
       if proc.poll() is None:

@@ -7,7 +7,6 @@ resume from it and finish exactly as an uninterrupted 2-process run.
 """
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ import numpy as np
 from bert_jax import checkpoints
 from bert_jax.metric_writers import TIMING_FIELDS, read_metrics
 from tests import pretraining_fixtures as fx
-from tests.test_multihost import _launch, _start
+from tests.test_multihost import _communicate_in_background, _launch, _start
 
 STEPS = 120
 SIGNAL_AFTER = 30  # steps, past the first checkpoint
@@ -25,26 +24,6 @@ OVERRIDES = {"num_train_steps": STEPS, "checkpoint_every_steps": 20, "eval_every
              "log_every_steps": 1, "keep_checkpoints": 10, "async_checkpointing": True}
 TIMEOUT = 120
 SIGNALLED = 1  # not the coordinator (process 0 was also checked by hand: same result)
-
-
-def _communicate_in_background(procs):
-  """Drains every process's pipes from threads (a full pipe would block a process forever);
-  returns a function that joins them and gives [(stdout, stderr)] (None if still running)."""
-  outputs = [None] * len(procs)
-
-  def drain(i):
-    outputs[i] = procs[i].communicate()
-
-  threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
-  for thread in threads:
-    thread.start()
-
-  def join(timeout):
-    deadline = time.time() + timeout
-    for thread in threads:
-      thread.join(max(0.0, deadline - time.time()))
-    return outputs
-  return join
 
 
 def _wait_for_step(workdir, procs, step):
