@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpoints, finetuning, heads, modeling, ner, optim
+from bert_jax import checkpoints, finetuning, heads, modeling, ner, ops, optim
 from bert_jax.heads import IGNORE_LABEL
 
 # choice -> (layers used: indices into [embeddings, layer 1, ..., layer L], how to combine).
@@ -95,12 +95,12 @@ class BiLSTMTagger(nn.Module):
     x = combine_layers(self.choice, batch["features"].astype(jnp.float32))   # [B, W, D]
     lengths = batch["lengths"]                                             # [B]
     for i in range(self.num_layers):
-      x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = ops.Dropout(self.dropout_rate)(x, deterministic=deterministic)
       # Padding words are outside seq_lengths: the backward direction starts at the last word.
       x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.units)),
                            nn.RNN(nn.OptimizedLSTMCell(self.units)),
                            name=f"bilstm_{i}")(x, seq_lengths=lengths)     # [B, W, 2U]
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = ops.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     return {"logits": nn.Dense(self.num_labels, name="classifier")(x)}      # [B, W, K]
 
 

@@ -17,6 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import ops
+
 # The original classifier's initialiser: truncated normal, stddev 0.02, zero bias.
 _INIT_STDDEV = 0.02
 
@@ -40,7 +42,7 @@ class ClassificationHead(nn.Module):
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, H]
-    pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
+    pooled = ops.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
     return {"logits": _output_layer(self.num_labels, "classifier")(pooled)}  # [B, K]
 
 
@@ -52,7 +54,7 @@ class MultipleChoiceHead(nn.Module):
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, C, H]
-    pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
+    pooled = ops.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
     scores = _output_layer(1, "classifier")(pooled)[..., 0]                 # [B, C]
     return {"logits": scores}
 
@@ -116,7 +118,7 @@ class TokenTaggingHead(nn.Module):
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     sequence = encoder_outputs["sequence_output"].astype(jnp.float32)        # [B, S, H]
-    sequence = nn.Dropout(self.dropout_rate)(sequence, deterministic=deterministic)
+    sequence = ops.Dropout(self.dropout_rate)(sequence, deterministic=deterministic)
     return {"logits": _output_layer(self.num_labels, "classifier")(sequence)}  # [B, S, K]
 
 

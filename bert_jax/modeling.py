@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import ops
 from bert_jax.config import BertConfig
 
 Array = Any
@@ -32,7 +33,7 @@ _MASK_VALUE = -1e9
 
 def _activation(name: str):
   if name == "gelu":
-    return functools.partial(jax.nn.gelu, approximate=False)
+    return ops.gelu
   if name in ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
     return functools.partial(jax.nn.gelu, approximate=True)
   if name == "relu":
@@ -131,7 +132,7 @@ class BertEmbeddings(nn.Module):
                                           param_dtype=jnp.float32,
                                           embedding_init=init((None, "embed")))
     self.LayerNorm = _layer_norm(c)
-    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+    self.dropout = ops.Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     """position_ids None: positions 0..S-1 of every row (a slice of the table, no lookup)."""
@@ -207,7 +208,7 @@ class BertSelfAttention(nn.Module):
     q = q / jnp.sqrt(c.head_dim).astype(q.dtype)
     logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B,N,S,S]
     probs = jax.nn.softmax(logits + bias, axis=-1).astype(_dtype(c))
-    probs = nn.Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+    probs = ops.Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
     context = jnp.einsum("bnqk,bknd->bqnd", probs, v)         # [B, S, N, D]
     return context.reshape(batch, seq_len, c.hidden_size)     # [B, S, H]
 
@@ -221,7 +222,7 @@ class BertResidualOutput(nn.Module):
     c = self.config
     axes = ("joined_kv", "embed") if x.shape[-1] == c.hidden_size else ("mlp", "embed")
     x = _dense(c, c.hidden_size, axes, "dense")(x)
-    x = nn.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
+    x = ops.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
     return _layer_norm(c)(x + residual)
 
 

@@ -91,7 +91,10 @@ def test_scanned_layers_and_remat_give_the_same_outputs(real, batch):
   scanned_config = config.replace(scan_layers=True, remat=True)
   scanned = checkpoints.to_model_layout(jax.tree_util.tree_map(np.copy, params), scanned_config)
   out = _ours(scanned_config, scanned, batch, output_hidden_states=True)
-  assert _max_diff(out["sequence_output"], reference["sequence_output"]) <= 1e-5
+  # Real tokens only, as in the parity tests: outputs at padded positions are float noise
+  # amplified through the layers (measured 1e-5 to 3e-5 apart, real tokens 2e-6).
+  mask = batch["attention_mask"]
+  assert _max_diff(out["sequence_output"], reference["sequence_output"], mask) <= 1e-5
   assert out["hidden_states"].shape[0] == config.num_hidden_layers + 1
 
 

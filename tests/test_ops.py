@@ -1,0 +1,75 @@
+"""bert_jax.ops: the erf GELU and the 16-bit dropout compute the functions they replace."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import ops
+
+
+def test_gelu_equals_the_exact_gelu_and_its_gradient():
+  x = jnp.linspace(-12.0, 12.0, 20001)
+  np.testing.assert_allclose(ops.gelu(x), jax.nn.gelu(x, approximate=False), atol=1e-6, rtol=1e-6)
+  grad = jax.vmap(jax.grad(ops.gelu))(x)
+  reference = jax.vmap(jax.grad(lambda t: jax.nn.gelu(t, approximate=False)))(x)
+  np.testing.assert_allclose(grad, reference, atol=1e-6, rtol=1e-5)
+  assert ops.gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5])
+def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
+  x = jnp.ones((64, 4, 128, 129))    # odd last axis: one word feeds two elements
+  out = ops.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  kept = np.asarray(out != 0)
+  keep_probability = ops.keep_threshold(rate) / 65536
+  assert abs(keep_probability - (1 - rate)) <= 1 / 65536
+  # 4.2M Bernoulli draws: the standard error of the kept fraction is < 3e-4.
+  assert abs(kept.mean() - keep_probability) < 1.5e-3
+  # Survivors are scaled by the inverse of the realised keep probability: E[out] = x exactly.
+  np.testing.assert_allclose(np.asarray(out)[kept], 1 / keep_probability, rtol=1e-6)
+  assert abs(float(out.mean()) - 1.0) < 3e-3
+
+
+def test_dropout_masks_are_independent_across_positions_and_keys():
+  x = jnp.ones((256, 256))
+  apply = lambda key: ops.Dropout(0.5).apply({}, x, deterministic=False,
+                                             rngs={"dropout": jax.random.key(key)}) != 0
+  a, b = np.asarray(apply(0)), np.asarray(apply(1))
+  assert 0.45 < (a == b).mean() < 0.55                # different keys, different masks
+  # The two 16-bit halves of one random word land side by side: they must not agree more
+  # often than independent draws would.
+  assert 0.45 < (a[:, 0::2] == a[:, 1::2]).mean() < 0.55
+  np.testing.assert_array_equal(a, np.asarray(apply(0)))   # same key, same mask
+
+
+def test_dropout_deterministic_and_edge_rates():
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+  rngs = {"dropout": jax.random.key(0)}
+  np.testing.assert_array_equal(ops.Dropout(0.1).apply({}, x, deterministic=True), x)
+  np.testing.assert_array_equal(ops.Dropout(0.0).apply({}, x, deterministic=False, rngs=rngs), x)
+  np.testing.assert_array_equal(ops.Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs), 0)
+  # The flax interface: the 'dropout' RNG stream is required when not deterministic.
+  with pytest.raises(Exception):
+    ops.Dropout(0.1).apply({}, x, deterministic=False)
+
+
+def test_dropout_gradient_is_the_mask_times_the_scale():
+  x = jax.random.normal(jax.random.PRNGKey(0), (16, 33))
+  rngs = {"dropout": jax.random.key(3)}
+  f = lambda t: ops.Dropout(0.2).apply({}, t, deterministic=False, rngs=rngs)
+  grad = jax.grad(lambda t: f(t).sum())(x)
+  expected = (np.asarray(f(x)) != 0) * (65536 / ops.keep_threshold(0.2))
+  np.testing.assert_allclose(grad, expected, rtol=1e-6)
+
+
+def test_dropout_inside_a_module_uses_the_module_rng_stream():
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return ops.Dropout(0.5)(x, deterministic=False) + ops.Dropout(0.5)(x, deterministic=False)
+
+  x = jnp.ones((64, 64))
+  out = Net().apply({}, x, rngs={"dropout": jax.random.key(0)})
+  # Two sibling modules draw different masks (each folds in its own path): sums of 0, 2 and 4.
+  assert set(np.unique(np.round(np.asarray(out), 3))) == {0.0, 2.0, 4.0}
