@@ -374,9 +374,9 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
   vocabulary (`vocab.txt` or `spm.model`): everything a later predict-only run needs."""
   import shutil
   from safetensors.numpy import save_file
+  params = sharding.to_host(params)  # every process: gathers parameters split across hosts
   if jax.process_index() != 0:
     return
-  params = jax.device_get(params)
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
   if getattr(tokenizer, "spm_model_file", None):
     shutil.copyfile(tokenizer.spm_model_file, os.path.join(directory, SPM_COPY))
@@ -414,10 +414,15 @@ def read_best_info(workdir: str) -> Optional[Dict]:
 class Predictor:
   """Runs the model over a whole split: fixed batch shape, the last batch padded and masked."""
 
-  def __init__(self, model, task: Task, batch_size: int, mesh):
-    self.batch_size = _round_up(batch_size, jax.device_count())
+  def __init__(self, model, task: Task, batch_size: int, mesh, params_sharding=None):
+    """`params_sharding`: how the parameters passed in are placed (the train state's layout
+    under tensor parallelism); default replicated."""
+    self.batch_size = _round_up(batch_size, mesh.shape["data"])
     self._mesh = mesh
-    in_shardings = (sharding.replicated(mesh), sharding.batch_sharding(mesh))
+    if params_sharding is None:
+      params_sharding = sharding.replicated(mesh)
+    self._params_sharding = params_sharding
+    in_shardings = (params_sharding, sharding.batch_sharding(mesh))
     compile_ = lambda loss: jax.jit(
         functools.partial(predict_step, model=model, task_loss=loss),
         in_shardings=in_shardings, out_shardings=sharding.replicated(mesh))
@@ -427,6 +432,7 @@ class Predictor:
   def __call__(self, params, features: Features, with_loss: bool):
     """({output name: [rows, ...] numpy}, mean loss or None) over every row exactly once."""
     step = self._with_loss if with_loss else self._without_loss
+    params = sharding.place(params, self._params_sharding)  # host copies (the best checkpoint)
     n, b = features.num_rows, self.batch_size
     pieces: List[Dict[str, np.ndarray]] = []
     for start in range(0, n, b):
@@ -529,9 +535,10 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
         + f"; features in {time.time() - start:.1f}s", flush=True)
 
   batch_size = config.train_batch_size
-  if batch_size % jax.device_count():
+  data_parallelism = sharding.mesh_shape(config)[0]   # devices / config.model_parallelism
+  if batch_size % data_parallelism:
     raise ValueError(f"config.train_batch_size={batch_size} must be divisible by the "
-                     f"{jax.device_count()} devices")
+                     f"{data_parallelism} data-parallel devices")
   # num_train_epochs=0 predicts only (e.g. with a fine-tuned best/ directory as init_checkpoint).
   num_train_steps = (0 if config.num_train_epochs == 0 else
                      max(1, int(train.features.num_rows * config.num_train_epochs / batch_size)))
@@ -558,13 +565,16 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
         + ", ".join(not_loaded), flush=True)
 
   par = parallel.create(config)
+  # Logical axis names of the parameters: with config.model_parallelism > 1 the encoder and its
+  # Adam moments are sharded as in pre-training (the small task heads stay replicated).
+  param_axes = sharding.logical_axes(model.init, {"params": init_rng}, sample)
   state = par.init_state(lambda: TrainState(step=jnp.zeros((), jnp.int32),
                                             params=jax.tree_util.tree_map(jnp.asarray, params),
-                                            opt_state=tx.init(params)))
+                                            opt_state=tx.init(params)), param_axes)
   step_fn = functools.partial(train_step, model=model, tx=tx, task_loss=task.loss,
                               schedule=schedule)
   p_train_step = par.compile_step(step_fn)
-  predictor = Predictor(model, task, config.eval_batch_size, par.mesh)
+  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding())
 
   checkpointer = tc.TrainingCheckpointer(workdir, keep=1, async_save=False)
   restored_step, restored = checkpointer.restore_latest(par.abstract_state(state))

@@ -368,7 +368,7 @@ class BertPredictions(nn.Module):
     h = _TransformModule(c, name="transform")(hidden)         # [..., H]
     logits = embedding_attend(h)                              # [..., V]
     output_bias = self.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), jnp.float32)
-    return logits.astype(jnp.float32) + output_bias
+    return ops.add_bias(logits.astype(jnp.float32), output_bias)            # [..., V]
 
 
 class _TransformModule(nn.Module):

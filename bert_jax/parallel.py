@@ -43,6 +43,10 @@ class JitParallel:
   def place_state(self, host_state):
     return jax.device_put(host_state, self.state_sharding)
 
+  def params_sharding(self):
+    """Where `checkpointable(state).params` lives (what evaluation helpers compile against)."""
+    return self.state_sharding.params
+
   def compile_step(self, step_fn: Callable, donate: bool = True) -> Callable:
     return jax.jit(step_fn,
                    in_shardings=(self.state_sharding, sharding.batch_sharding(self.mesh),
@@ -84,6 +88,10 @@ class PmapParallel:
   def init_state(self, init_fn: Callable, param_axes=None):
     del param_axes  # pmap replicates the whole state on every device
     return self.place_state(jax.device_get(jax.jit(init_fn)()))
+
+  def params_sharding(self):
+    # checkpointable(state).params is one host copy: evaluation replicates it.
+    return sharding.replicated(self.mesh)
 
   def place_state(self, host_state):
     # One copy per local device along a leading axis (what pmap's in_axes=0 expects).

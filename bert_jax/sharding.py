@@ -170,6 +170,32 @@ def _log_layout(abstract_state, shardings, mesh: Mesh) -> None:
                dict(mesh.shape))
 
 
+def place(tree, shardings):
+  """`tree` with its host (numpy) leaves placed as global arrays with `shardings` (a matching
+  tree, or one sharding for every leaf); every process passes the same full values. Leaves that
+  are already jax.Arrays are left to jit."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+
+  def put(x, where):
+    if isinstance(x, jax.Array):
+      return x
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, where, lambda index: x[index])
+  return jax.tree_util.tree_map(put, tree, shardings)
+
+
+def to_host(tree):
+  """numpy copies of a tree of arrays. An array split over devices of several hosts (tensor
+  parallelism across processes) is gathered first: a collective, so every process must call
+  this with the same tree."""
+  def fetch(x):
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+  return jax.tree_util.tree_map(fetch, tree)
+
+
 def every_process(flag: bool) -> bool:
   """True when `flag` is True on every process (a collective: all processes must call it)."""
   if jax.process_count() == 1:

@@ -32,6 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.head_dropout = 0.1               # dropout on the pooled output before the new classifier
   c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
   c.parallelism = "jit"              # jit over the device mesh | pmap
+  # Tensor parallelism (jit only), as in pre-training: the encoder and its Adam moments are split
+  # along the mesh's `model` axis (train_batch_size must divide by device_count / this).
+  c.model_parallelism = 1
+  c.logical_axis_rules = ()          # () = bert_jax.sharding.DEFAULT_RULES
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
   c.model = ml_collections.ConfigDict(dict(dtype="float32", scan_layers=False, remat=False,

@@ -36,15 +36,17 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(experiment: str, workdir: str, *flags: str):
+def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
   """Starts the 2 processes (`flags`: extra command-line flags); returns their `Popen`s."""
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # as tests/conftest.py: compile-bound tiny model
              # The second launch (the resume) reuses the first one's compiled programs.
-             JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.dirname(experiment), "jax_cache"),
+             JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.dirname(workdir), "jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  env.pop("XLA_FLAGS", None)  # one CPU device per process
+  env.pop("XLA_FLAGS", None)  # one CPU device per process, unless asked for more
+  if devices_per_process > 1:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process}"
   procs = [subprocess.Popen(
       [sys.executable, "-m", "bert_jax.main", f"--config={experiment}", f"--workdir={workdir}",
        f"--coordinator_address=localhost:{port}", f"--num_processes={PROCESSES}",
@@ -74,9 +76,9 @@ def _communicate_in_background(procs):
   return join
 
 
-def _launch(experiment: str, workdir: str, *flags: str):
+def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
   """Runs the 2 processes to completion; returns process 0's stdout."""
-  procs = _start(experiment, workdir, *flags)
+  procs = _start(experiment, workdir, *flags, devices_per_process=devices_per_process)
   try:
     outputs = _communicate_in_background(procs)(300)
     for i, proc in enumerate(procs):
@@ -155,6 +157,40 @@ def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_pa
   out = _launch(experiment, workdir, flag)
   assert "Resumed from the checkpoint at step 2" in out
   _assert_same_losses(read_metrics(workdir), multi, rtol=1e-6)
+
+
+def test_fine_tuning_across_two_processes_with_model_parallelism(tmp_path):
+  """GLUE MRPC on 2 processes x 2 devices, model_parallelism=2 (each host one model group):
+  the encoder is split within each host, the best checkpoint is gathered from the shards, and
+  the run equals the same fine-tuning in one process on one device."""
+  from bert_jax import tasks
+  from experiments import glue as glue_experiment
+  from tests import finetuning_fixtures as ftx
+  glue_dir = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=16, dev=10, test=5))
+  ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
+  settings = {"init_checkpoint": ckpt, "data.glue_dir": glue_dir, "max_seq_length": 16,
+              "eval_batch_size": 4, "train_batch_size": 8}
+  workdir = str(tmp_path / "multi")
+  out = _launch("experiments/glue.py:task=mrpc,quick", workdir, "--config.model_parallelism=2",
+                *(f"--config.{k}={v}" for k, v in settings.items()), devices_per_process=2)
+  assert "[mrpc] best f1=" in out
+
+  config = glue_experiment.get_config("task=mrpc,quick")
+  config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir
+  config.max_seq_length, config.eval_batch_size, config.train_batch_size = 16, 4, 8
+  tasks.run(config, str(tmp_path / "single"))
+  multi, single = read_metrics(workdir), read_metrics(str(tmp_path / "single"))
+  assert [(r["step"], r["split"]) for r in multi] == [(r["step"], r["split"]) for r in single]
+  for a, b in zip(multi, single):
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=2e-5, err_msg=f"step {a['step']}")
+  for name in ("dev_predictions.tsv", "MRPC.tsv"):
+    with open(os.path.join(workdir, name)) as f, open(tmp_path / "single" / name) as g:
+      assert f.read() == g.read(), name
+  ours, reference = (checkpoints.flatten(checkpoints.load_pretrained(os.path.join(w, "best"))[1])
+                     for w in (workdir, str(tmp_path / "single")))
+  assert ours.keys() == reference.keys()
+  for name, value in reference.items():
+    np.testing.assert_allclose(ours[name], value, atol=2e-5, err_msg=name)
 
 
 def _assert_same_losses(ours, reference, rtol):

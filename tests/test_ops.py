@@ -73,3 +73,16 @@ def test_dropout_inside_a_module_uses_the_module_rng_stream():
   out = Net().apply({}, x, rngs={"dropout": jax.random.key(0)})
   # Two sibling modules draw different masks (each folds in its own path): sums of 0, 2 and 4.
   assert set(np.unique(np.round(np.asarray(out), 3))) == {0.0, 2.0, 4.0}
+
+
+def test_add_bias_gradients_equal_the_broadcast_add():
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 5, 7))
+  bias = jax.random.normal(jax.random.PRNGKey(1), (7,))
+  loss = lambda add: lambda x, b: (jnp.sin(add(x, b)) ** 2).sum()
+  ours = jax.grad(loss(ops.add_bias), (0, 1))(x, bias)
+  reference = jax.grad(loss(lambda x, b: x + b), (0, 1))(x, bias)
+  for a, b in zip(ours, reference):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # Each gradient keeps its primal's dtype (bfloat16 logits + a float32 bias).
+  grads = jax.grad(loss(ops.add_bias), (0, 1))(x.astype(jnp.bfloat16), bias)
+  assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.float32

@@ -3,7 +3,8 @@
 On 8 simulated CPU devices (a subprocess: the device count is fixed when jax starts), a mesh of
 4 data x 2 model must train exactly like 1 device with the same global batch, really split the
 attention, FFN and vocabulary arrays (and their Adam moments) along `model`, write a checkpoint
-that restores on 8 x 1 (data only), and run the pre-training loop end to end.
+that restores on 8 x 1 (data only), and run the pre-training loop end to end; the fine-tuning
+loop (GLUE MRPC) on 4 x 2 must give the same losses, metrics and predictions as on 8 x 1.
 Run as a script (`python tests/test_tensor_parallel.py OUT_DIR`) it is that subprocess.
 """
 import json
@@ -114,6 +115,20 @@ def test_pretraining_loop_with_model_parallelism(report):
   assert len(e2e["losses"]["4x2"]) == 4 and np.all(np.isfinite(e2e["losses"]["4x2"]))
 
 
+def test_fine_tuning_with_model_parallelism(report):
+  ft = report["finetune"]
+  assert ft["query_spec"] == [None, "model"]
+  assert ft["mesh"] == {"data": 4, "model": 2}
+  np.testing.assert_allclose(ft["losses"]["4x2"], ft["losses"]["8x1"], rtol=1e-5)
+  assert len(ft["losses"]["4x2"]) == len(ft["losses"]["8x1"]) >= 2
+  assert ft["dev"]["4x2"].keys() == ft["dev"]["8x1"].keys()
+  for name, value in ft["dev"]["8x1"].items():
+    assert abs(ft["dev"]["4x2"][name] - value) < 1e-5, name
+  # The best checkpoint was gathered from the shards and written whole.
+  assert ft["best_query_shape"] == [32, 32]
+  assert ft["predictions"]["4x2"] == ft["predictions"]["8x1"]
+
+
 # ------------------------------------------------------------- the subprocess
 
 
@@ -199,6 +214,46 @@ def _e2e(out_dir):
   return {"losses": losses, "query_spec": _spec(query, 2), "vocab_spec": _spec(vocab, 2)}
 
 
+def _finetune(out_dir):
+  """GLUE MRPC fine-tuning on 4 x 2 and 8 x 1: losses, dev metrics, predictions, layout."""
+  from bert_jax import checkpoints, parallel, tasks
+  from bert_jax.metric_writers import read_metrics
+  from experiments import glue as glue_experiment
+  from tests import finetuning_fixtures as fx
+  glue_dir = fx.write_glue_dir(os.path.join(out_dir, "glue"), dict(train=32, dev=10, test=5))
+  ckpt = fx.write_checkpoint(os.path.join(out_dir, "ckpt_ft"))
+  used, create = [], parallel.create
+
+  def recording_create(config):
+    used.append(create(config))
+    return used[-1]
+
+  parallel.create = recording_create
+  report = {"losses": {}, "dev": {}, "predictions": {}}
+  try:
+    for name, model_parallelism in (("4x2", 2), ("8x1", 1)):
+      config = glue_experiment.get_config("task=mrpc,quick")
+      config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir
+      config.max_seq_length, config.eval_batch_size, config.train_batch_size = 16, 4, 8
+      config.model_parallelism = model_parallelism
+      workdir = os.path.join(out_dir, f"ft_{name}")
+      results = tasks.run(config, workdir)
+      report["losses"][name] = [r["loss"] for r in read_metrics(workdir, "train")]
+      report["dev"][name] = results["dev"]
+      with open(os.path.join(workdir, "dev_predictions.tsv"), encoding="utf-8") as f:
+        report["predictions"][name] = f.read()
+      if name == "4x2":
+        _, best = checkpoints.load_pretrained(os.path.join(workdir, "best"))
+        query = best["bert"]["encoder"]["layer_0"]["attention"]["self"]["query"]["kernel"]
+        report["best_query_shape"] = list(np.shape(query))
+  finally:
+    parallel.create = create
+  sharded = used[0].state_sharding.params["bert"]["encoder"]["layer_0"]["attention"]["self"]
+  report["query_spec"] = _spec(sharded["query"]["kernel"], 2)
+  report["mesh"] = dict(used[0].mesh.shape)
+  return report
+
+
 def main(out_dir):
   import jax
   from bert_jax import parallel
@@ -232,7 +287,7 @@ def main(out_dir):
       "specs": specs, "shard_shapes": shard_shapes,
       "restored_mesh": dict(restored_mesh.shape),
       "restored_equal": bool(restored_equal and len(leaves(restored)) == len(leaves(state))),
-      "e2e": _e2e(out_dir)}
+      "e2e": _e2e(out_dir), "finetune": _finetune(out_dir)}
   print(json.dumps(report))
 
 
