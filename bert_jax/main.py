@@ -4,6 +4,8 @@ Fields are overridden from the command line, e.g. `--config.learning_rate=5e-5`.
 idempotent: run it again after an interruption and it resumes from the newest checkpoint.
 """
 import os
+import sys
+import traceback
 
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,7 +41,32 @@ def main(argv):
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams
     jax.config.update("jax_default_prng_impl", prng_impl)
   from bert_jax import tasks
-  tasks.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    tasks.run(_CONFIG.value, _WORKDIR.value)
+  except Exception:  # pylint: disable=broad-except
+    if jax.process_count() == 1:
+      raise
+    _leave_at_once()
+
+
+def _leave_at_once():
+  """Ends a failed process of a multi-process run now, with the traceback and exit status 1.
+
+  A normal exit waits at `jax.distributed`'s shutdown barrier, which the other processes never
+  reach: they are blocked in the next collective with this one, and the job would hang for the
+  shutdown timeout and beyond. Leaving closes this process's collective connections, so the
+  others' step fails within milliseconds ("Connection reset by peer") and they leave here too.
+  Nothing complete is lost: a checkpoint is written only when every process finishes it.
+  """
+  traceback.print_exc()
+  import jax
+  print(f"Process {jax.process_index()} of {jax.process_count()} failed and leaves now, so that "
+        "the others stop too. An error in a collective (e.g. 'Connection reset by peer') means "
+        "another process failed first: its log has the cause.", file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.flush()
+  os._exit(1)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -319,7 +319,8 @@ def evaluate(config, params, p_eval_step, par) -> Dict[str, float]:
   blank = {k: np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
            for k, spec in dataset.element_spec.items()}
   totals = None
-  batches = sharding.lockstep(input_pipeline.PipelineIterator(dataset), blank)
+  batches = sharding.lockstep(
+      input_pipeline.PipelineIterator(dataset, source=config.data.eval_input_files), blank)
   for i, batch in enumerate(batches):
     if config.eval_steps and i >= config.eval_steps:
       break
@@ -409,7 +410,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                                                    objective=config.objective))
 
   from data_pipelines import input_pipeline
-  iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True))
+  iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True),
+                                             source=config.data.input_files)
   checkpointer = tc.TrainingCheckpointer(workdir, keep=config.keep_checkpoints,
                                          async_save=config.async_checkpointing)
   restored_step, restored = checkpointer.restore_latest(par.abstract_state(state), iterator)

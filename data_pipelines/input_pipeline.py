@@ -21,6 +21,7 @@ metrics are those of the unpacked data and comparable across runs with and witho
 """
 import atexit
 import os
+import re
 import weakref
 from typing import Dict, Optional, Sequence, Union
 
@@ -208,10 +209,19 @@ def _pad_batch(batch: Dict[str, tf.Tensor], batch_size: int) -> Dict[str, tf.Ten
   return padded
 
 
-class PipelineIterator:
-  """Iterator over numpy batches whose position can be saved and restored exactly."""
+class DataLossError(ValueError):
+  """A training or evaluation input file could not be read (truncated or corrupted)."""
 
-  def __init__(self, dataset: tf.data.Dataset):
+
+class PipelineIterator:
+  """Iterator over numpy batches whose position can be saved and restored exactly.
+
+  `source` (the files, e.g. `config.data.input_files`) names the input in errors: tf.data's
+  "corrupted record at 4032" says neither which file nor which run.
+  """
+
+  def __init__(self, dataset: tf.data.Dataset, source: str = ""):
+    self._source = source
     self._iterator = iter(dataset)
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
     _LIVE_ITERATORS.add(self)
@@ -224,7 +234,14 @@ class PipelineIterator:
     return self
 
   def __next__(self) -> Dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in next(self._iterator).items()}
+    try:
+      return {k: v.numpy() for k, v in next(self._iterator).items()}
+    except tf.errors.DataLossError as e:  # a truncated or corrupted TFRecord file
+      reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message.strip(), flags=re.S)
+      raise DataLossError(
+          f"Unreadable record in {self._source or 'the input files'} ({reason}): a "
+          "file there is truncated or corrupted, or was rewritten while this run read it."
+      ) from None
 
   def save(self, directory: str) -> None:
     os.makedirs(directory, exist_ok=True)

@@ -4,6 +4,7 @@ The text is learnable: segment A repeats one word and B repeats the same word (I
 random word (NotNext), so a masked token is predictable from the rest of its segment and MLM
 accuracy can rise far above chance (1/VOCAB).
 """
+import contextlib
 import os
 
 import numpy as np
@@ -17,9 +18,24 @@ VOCAB = SPECIALS + WORDS
 SEQ = 32
 
 
+@contextlib.contextmanager
+def _atomically(path: str):
+  """Yields a temporary name for `path` and renames it into place when written.
+
+  Every process of a multi-process run loads the experiment, and `tiny_config` (re)writes the
+  data: a file truncated in place under a process already reading it was a corrupted record
+  (and a hung partner). A rename swaps whole files; readers keep the one they opened. The
+  temporary name starts with a dot so that no data pattern (`train-*.tfrecord`) matches it.
+  """
+  directory, name = os.path.split(path)
+  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+  yield temporary
+  os.replace(temporary, path)
+
+
 def write_vocab(directory) -> str:
   path = os.path.join(directory, "vocab.txt")
-  with open(path, "w") as f:
+  with _atomically(path) as temporary, open(temporary, "w") as f:
     f.write("\n".join(VOCAB) + "\n")
   return path
 
@@ -47,7 +63,7 @@ def _instance(rng):
 
 def write_records(path: str, count: int, seed: int) -> str:
   rng = np.random.RandomState(seed)
-  with tf.io.TFRecordWriter(path) as writer:
+  with _atomically(path) as temporary, tf.io.TFRecordWriter(temporary) as writer:
     for _ in range(count):
       writer.write(_instance(rng).SerializeToString())
   return path

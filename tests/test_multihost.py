@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -37,7 +36,12 @@ def _free_port() -> int:
 
 
 def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
-  """Starts the 2 processes (`flags`: extra command-line flags); returns their `Popen`s."""
+  """Starts the 2 processes (`flags`: extra command-line flags); returns their `Popen`s.
+
+  Their stdout and stderr go to files beside the workdir (`<workdir>.process<i>.out|err`), not
+  pipes: an unread full pipe would block a process and, through a collective, its partner; and
+  files can be read while the processes run, so a hung launch reports where each one was.
+  """
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # as tests/conftest.py: compile-bound tiny model
@@ -47,46 +51,55 @@ def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int 
   env.pop("XLA_FLAGS", None)  # one CPU device per process, unless asked for more
   if devices_per_process > 1:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process}"
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "bert_jax.main", f"--config={experiment}", f"--workdir={workdir}",
-       f"--coordinator_address=localhost:{port}", f"--num_processes={PROCESSES}",
-       f"--process_id={i}", *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True) for i in range(PROCESSES)]
+  procs = []
+  for i in range(PROCESSES):
+    out, err = (f"{workdir}.process{i}.{kind}" for kind in ("out", "err"))
+    with open(out, "w") as stdout, open(err, "w") as stderr:  # the child keeps its own copies
+      proc = subprocess.Popen(
+          [sys.executable, "-m", "bert_jax.main", f"--config={experiment}",
+           f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+           f"--num_processes={PROCESSES}", f"--process_id={i}", *flags],
+          cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+    proc.logs = (out, err)
+    procs.append(proc)
   return procs
 
 
-def _communicate_in_background(procs):
-  """Drains every process's pipes from threads; returns a function that joins them and gives
-  [(stdout, stderr)] (None for a process still running). Reading one process to its end before
-  the other would deadlock: the unread one blocks on its full pipe, its partner in a collective."""
-  outputs = [None] * len(procs)
+def _outputs(procs):
+  """[(stdout, stderr)] of each process so far."""
+  outputs = []
+  for proc in procs:
+    with open(proc.logs[0]) as out, open(proc.logs[1]) as err:
+      outputs.append((out.read(), err.read()))
+  return outputs
 
-  def drain(i):
-    outputs[i] = procs[i].communicate()
 
-  threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
-  for thread in threads:
-    thread.start()
-
-  def join(timeout):
-    deadline = time.time() + timeout
-    for thread in threads:
-      thread.join(max(0.0, deadline - time.time()))
-    return outputs
-  return join
+def _wait(procs, timeout: float):
+  """Waits for every process to end; fails with each one's state and last output otherwise."""
+  deadline = time.time() + timeout
+  while any(p.poll() is None for p in procs) and time.time() < deadline:
+    time.sleep(0.1)
+  running = [i for i, p in enumerate(procs) if p.poll() is None]
+  if running:
+    report = "\n".join(
+        f"--- process {i} ({'running' if procs[i].poll() is None else 'exit ' + str(procs[i].returncode)})"
+        f"\nstdout: ...{out[-1500:]}\nstderr: ...{err[-3000:]}"
+        for i, (out, err) in enumerate(_outputs(procs)))
+    for proc in procs:
+      proc.kill()
+    raise AssertionError(f"process(es) {running} still run after {timeout} s\n{report}")
 
 
 def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
   """Runs the 2 processes to completion; returns process 0's stdout."""
   procs = _start(experiment, workdir, *flags, devices_per_process=devices_per_process)
   try:
-    outputs = _communicate_in_background(procs)(300)
-    for i, proc in enumerate(procs):
-      assert proc.poll() is not None, f"process {i} still runs after 300 s"
+    _wait(procs, 300)
   finally:
     for proc in procs:
       if proc.poll() is None:
         proc.kill()
+  outputs = _outputs(procs)
   for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
     assert proc.returncode == 0, f"process {i} failed:\n{err[-4000:]}"
   return outputs[0][0]
@@ -199,3 +212,35 @@ def _assert_same_losses(ours, reference, rtol):
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
       np.testing.assert_allclose(a[key], b[key], rtol=rtol,
                                  err_msg=f"step {a['step']} {a['split']} {key}")
+
+
+def test_a_failing_process_ends_the_run_on_every_process_at_once(tmp_path):
+  """Process 1's training file is truncated: it fails mid-run with an error naming its input,
+  and both processes exit with status 1 right away. (A process that raised used to wait at the
+  shutdown barrier while its partner waited in the next collective: a hang.)"""
+  data = tmp_path / "data"
+  fx.make_data(str(data))
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  shutil.copy(data / "train-0.tfrecord", broken / "train-0.tfrecord")  # process 0's file
+  whole = (data / "train-1.tfrecord").read_bytes()                    # process 1's file
+  (broken / "train-1.tfrecord").write_bytes(whole[:-10])  # its last record cut short
+  pattern = str(broken / "train-*.tfrecord")
+  experiment = fx.write_experiment(
+      str(tmp_path), str(data), num_train_steps=1000, checkpoint_every_steps=20,
+      eval_every_steps=0, log_every_steps=5, **{"data.input_files": pattern})
+  workdir = str(tmp_path / "work")
+  procs = _start(experiment, workdir)
+  try:
+    _wait(procs, 150)
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  (out0, err0), (_, err1) = _outputs(procs)
+  assert [proc.returncode for proc in procs] == [1, 1], (err0[-3000:], err1[-3000:])
+  assert f"DataLossError: Unreadable record in {pattern}" in err1, err1[-3000:]
+  assert "Traceback" in err0 and "DataLossError" not in err0, err0[-3000:]
+  # It failed mid-run, after checkpoints.
+  assert 20 <= max(r["step"] for r in read_metrics(workdir)) < 1000
+  assert any(s.isdigit() for s in os.listdir(os.path.join(workdir, "checkpoints"))), out0[-2000:]
