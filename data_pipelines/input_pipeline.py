@@ -209,6 +209,11 @@ def _pad_batch(batch: Dict[str, tf.Tensor], batch_size: int) -> Dict[str, tf.Ten
   return padded
 
 
+def tf_error_reason(error: tf.errors.OpError) -> str:
+  """A tf.data error's message without TensorFlow's op and function decorations."""
+  return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", error.message.strip(), flags=re.S)
+
+
 class DataLossError(ValueError):
   """A training or evaluation input file could not be read (truncated or corrupted)."""
 
@@ -237,11 +242,11 @@ class PipelineIterator:
     try:
       return {k: v.numpy() for k, v in next(self._iterator).items()}
     except tf.errors.DataLossError as e:  # a truncated or corrupted TFRecord file
-      reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message.strip(), flags=re.S)
+      files = self._source or "the input files"
       raise DataLossError(
-          f"Unreadable record in {self._source or 'the input files'} ({reason}): a "
-          "file there is truncated or corrupted, or was rewritten while this run read it."
-      ) from None
+          f"Unreadable record in {files} ({tf_error_reason(e)}): a file there is truncated or "
+          "corrupted, or was rewritten while this run read it. `python -m "
+          f"data_pipelines.check_records --input_files='{files}'` names the file.") from None
 
   def save(self, directory: str) -> None:
     os.makedirs(directory, exist_ok=True)

@@ -75,30 +75,29 @@ def _outputs(procs):
 
 
 def _wait(procs, timeout: float):
-  """Waits for every process to end; fails with each one's state and last output otherwise."""
+  """Waits for every process to end; kills them and fails with each one's state and last output
+  otherwise (or when interrupted)."""
   deadline = time.time() + timeout
-  while any(p.poll() is None for p in procs) and time.time() < deadline:
-    time.sleep(0.1)
-  running = [i for i, p in enumerate(procs) if p.poll() is None]
-  if running:
-    report = "\n".join(
-        f"--- process {i} ({'running' if procs[i].poll() is None else 'exit ' + str(procs[i].returncode)})"
-        f"\nstdout: ...{out[-1500:]}\nstderr: ...{err[-3000:]}"
-        for i, (out, err) in enumerate(_outputs(procs)))
+  try:
+    while any(p.poll() is None for p in procs) and time.time() < deadline:
+      time.sleep(0.1)
+    running = [i for i, p in enumerate(procs) if p.poll() is None]
+    if running:
+      report = "\n".join(
+          f"--- process {i} ({'running' if procs[i].poll() is None else 'exit ' + str(procs[i].returncode)})"
+          f"\nstdout: ...{out[-1500:]}\nstderr: ...{err[-3000:]}"
+          for i, (out, err) in enumerate(_outputs(procs)))
+      raise AssertionError(f"process(es) {running} still run after {timeout} s\n{report}")
+  finally:
     for proc in procs:
-      proc.kill()
-    raise AssertionError(f"process(es) {running} still run after {timeout} s\n{report}")
+      if proc.poll() is None:
+        proc.kill()
 
 
 def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
   """Runs the 2 processes to completion; returns process 0's stdout."""
   procs = _start(experiment, workdir, *flags, devices_per_process=devices_per_process)
-  try:
-    _wait(procs, 300)
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
+  _wait(procs, 300)
   outputs = _outputs(procs)
   for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
     assert proc.returncode == 0, f"process {i} failed:\n{err[-4000:]}"
@@ -231,12 +230,7 @@ def test_a_failing_process_ends_the_run_on_every_process_at_once(tmp_path):
       eval_every_steps=0, log_every_steps=5, **{"data.input_files": pattern})
   workdir = str(tmp_path / "work")
   procs = _start(experiment, workdir)
-  try:
-    _wait(procs, 150)
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
+  _wait(procs, 150)
   (out0, err0), (_, err1) = _outputs(procs)
   assert [proc.returncode for proc in procs] == [1, 1], (err0[-3000:], err1[-3000:])
   assert f"DataLossError: Unreadable record in {pattern}" in err1, err1[-3000:]
