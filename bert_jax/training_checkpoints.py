@@ -61,6 +61,21 @@ class DataIteratorRestore(ocp.args.CheckpointArgs):
   iterator: Any
 
 
+class _CheckpointManager(ocp.CheckpointManager):
+  """Orbax's manager, kept out of the jax preemption service.
+
+  The training loop alone asks the service whether to save (`pretraining._Preemption`, once per
+  step on every host: the service agrees on a step from the last one each host passed it).
+  Orbax also asks it on its own, for logging and metrics, once from the background thread that
+  finalises an async save, with the *saved* step: a host's last-passed step could then read
+  older than it is and the agreed step be one that host has already gone past.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 class TrainingCheckpointer:
   """Async saves every N steps, keeps the last `keep`, restores the newest readable one."""
 
@@ -75,7 +90,7 @@ class TrainingCheckpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
                                            enable_async_checkpointing=self._async,
                                            cleanup_tmp_directories=True)
-    return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+    return _CheckpointManager(self.directory, options=options, item_names=("state", "data"))
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()

@@ -1,0 +1,26 @@
+"""The training checkpointer leaves the jax preemption service to the training loop."""
+import threading
+
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+
+from bert_jax import training_checkpoints as tc
+
+
+def test_only_the_training_loop_asks_the_preemption_service(tmp_path, monkeypatch):
+  """Orbax's manager would ask too (its save, and its finalize thread with the saved step);
+  the service agrees on a step from the last one each host passed it, so those calls could
+  move the agreed step behind a host. The loop's own calls (`pretraining._Preemption`) stay."""
+  calls = []
+
+  def record(step):
+    calls.append((step, threading.current_thread().name))
+    return False
+
+  monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", record)
+  checkpointer = tc.TrainingCheckpointer(str(tmp_path), keep=2, async_save=True)
+  for step in (1, 2, 3):
+    checkpointer.save(step, {"w": jnp.full((3,), float(step))}, force=True)
+  checkpointer.close()
+  assert calls == []
+  assert checkpointer.latest_step() == 3
