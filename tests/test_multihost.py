@@ -83,9 +83,9 @@ def _wait(procs, timeout: float):
       time.sleep(0.1)
     running = [i for i, p in enumerate(procs) if p.poll() is None]
     if running:
+      state = lambda p: "running" if p.poll() is None else f"exit {p.returncode}"
       report = "\n".join(
-          f"--- process {i} ({'running' if procs[i].poll() is None else 'exit ' + str(procs[i].returncode)})"
-          f"\nstdout: ...{out[-1500:]}\nstderr: ...{err[-3000:]}"
+          f"--- process {i} ({state(procs[i])})\nstdout: ...{out[-1500:]}\nstderr: ...{err[-3000:]}"
           for i, (out, err) in enumerate(_outputs(procs)))
       raise AssertionError(f"process(es) {running} still run after {timeout} s\n{report}")
   finally:
