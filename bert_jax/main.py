@@ -46,10 +46,10 @@ def main(argv):
   except Exception:  # pylint: disable=broad-except
     if jax.process_count() == 1:
       raise
-    _leave_at_once()
+    _leave_at_once(jax.process_index(), jax.process_count())
 
 
-def _leave_at_once():
+def _leave_at_once(process_index: int, process_count: int):
   """Ends a failed process of a multi-process run now, with the traceback and exit status 1.
 
   A normal exit waits at `jax.distributed`'s shutdown barrier, which the other processes never
@@ -59,8 +59,7 @@ def _leave_at_once():
   Nothing complete is lost: a checkpoint is written only when every process finishes it.
   """
   traceback.print_exc()
-  import jax
-  print(f"Process {jax.process_index()} of {jax.process_count()} failed and leaves now, so that "
+  print(f"Process {process_index} of {process_count} failed and leaves now, so that "
         "the others stop too. An error in a collective (e.g. 'Connection reset by peer') means "
         "another process failed first: its log has the cause.", file=sys.stderr)
   sys.stdout.flush()
