@@ -42,6 +42,7 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
 
 def machine_line() -> str:
   import jax
+  from bert_jax import host_memory
   try:
     with open("/proc/cpuinfo") as f:
       model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
@@ -49,7 +50,8 @@ def machine_line() -> str:
     model = platform.processor()
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
   return (f"{model or platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}; "
-          f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+          f"jax {jax.__version__} on {jax.devices()[0].device_kind}; freed host memory kept: "
+          f"{'yes' if host_memory.is_kept() else 'no'}")
 
 
 def minilm_checkpoint_dir() -> str:

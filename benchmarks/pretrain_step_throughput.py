@@ -21,6 +21,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
+# comparison then reuse freed host memory (bert_jax/host_memory.py).
+from bert_jax import host_memory  # noqa: E402
+host_memory.keep_freed_memory()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 

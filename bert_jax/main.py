@@ -7,6 +7,11 @@ import os
 import sys
 import traceback
 
+from bert_jax import host_memory
+
+# Before any library starts a thread: each step's host temporaries are then reused, not faulted
+# in again (see bert_jax/host_memory.py; BERT_JAX_KEEP_HOST_MEMORY=0 turns it off).
+host_memory.keep_freed_memory()
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

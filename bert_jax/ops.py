@@ -12,6 +12,9 @@ the 2-core CPU of benchmarks/RESULTS.md ("Where the CPU step's time went"):
   0.8999939) and the survivors are scaled by the inverse of *that* probability, so the expected
   output equals the input exactly.
 - `add_bias`: `x + bias` whose bias gradient is a matrix-vector product (the MLM output bias).
+- `softmax_cross_entropy`: -log_softmax(logits)[label] with its gradient written out,
+  `softmax - one_hot`, in one elementwise pass over the saved logits; autodiff of the textbook
+  form made XLA build the [..., V] gradient from several passes (BERT-mini step 1.03x faster).
 """
 from typing import Any
 
@@ -96,3 +99,38 @@ def _add_bias_bwd(dtypes, g):
 
 
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
+def softmax_cross_entropy(logits: Array, labels: Array):
+  """(nll, label_is_max) for logits [..., V] and integer labels [...], both [...] float32.
+
+  nll = logsumexp(logits) - logits[label], i.e. -log_softmax(logits)[label]; label_is_max is 1.0
+  where the label's logit is the maximum (argmax accuracy up to exact ties) and carries no
+  gradient. The label's logit is gathered: with the gradient written by hand there is no
+  scatter in the backward pass.
+  """
+  return _softmax_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.int32))
+
+
+@jax.custom_vjp
+def _softmax_cross_entropy(logits, labels):
+  return _softmax_cross_entropy_fwd(logits, labels)[0]
+
+
+def _softmax_cross_entropy_fwd(logits, labels):
+  top = jnp.max(logits, axis=-1)                                               # [...]
+  logsumexp = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))  # [...]
+  label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]  # [...]
+  outputs = (logsumexp - label_logit, (label_logit >= top).astype(jnp.float32))
+  return outputs, (logits, logsumexp, labels)
+
+
+def _softmax_cross_entropy_bwd(residuals, cotangents):
+  logits, logsumexp, labels = residuals
+  g_nll, _ = cotangents                                     # label_is_max is not differentiable
+  one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)      # [..., V]
+  g_logits = (jnp.exp(logits - logsumexp[..., None]) - one_hot) * g_nll[..., None]  # [..., V]
+  return g_logits, None
+
+
+_softmax_cross_entropy.defvjp(_softmax_cross_entropy_fwd, _softmax_cross_entropy_bwd)

@@ -92,3 +92,16 @@ def test_cudnn_is_chosen_only_where_it_applies(monkeypatch):
                 deterministic=True) is None                                 # head_dim 272
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert choose(bf16, deterministic=True) is None
+
+
+def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities():
+  rng = np.random.RandomState(2)
+  q, k, v = (jnp.asarray(rng.randn(B, S, 2, 8), jnp.float32) for _ in range(3))   # [B, S, N, D]
+  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=True)
+  mask = jnp.asarray(rng.rand(B, 2, S, S) < 0.8, jnp.float32) / 0.8              # [B, N, S, S]
+  out = modeling.xla_attention(q, k, v, bias, lambda probs: probs * mask)
+  logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(8) + bias
+  probs = jax.nn.softmax(logits, axis=-1) * mask
+  expected = jnp.einsum("bnqk,bknd->bqnd", probs, v)
+  assert out.shape == (B, S, 2, 8)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
