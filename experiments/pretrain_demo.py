@@ -12,8 +12,9 @@ Interrupt it any time; the same command resumes exactly.
 
 Expected result (measured on a 2-core CPU): held-out masked-LM accuracy 0.136 at step 500, 0.153
 at 1,000 and 0.156 at 1,500 (always predicting the most frequent token scores 0.042), NSP accuracy
-0.65 (the exact values move by about 0.005 with any change to the random streams); about 130
-sequences/s once compiled, so ~6 minutes of training after ~1 minute of data preparation.
+0.65 (the exact values move by about 0.005 with any change to the random streams); about 180
+sequences/s once compiled, so ~4.5 minutes of training after ~30 s of data preparation and
+compiling (5 min in all, measured 2026-11-23).
 `:quick` runs a few steps on a few hundred documents (the tests use it).
 """
 from experiments import pretrain_bert_base, pretraining_defaults
