@@ -11,7 +11,7 @@ heap and are reused: no `mmap` for large blocks (M_MMAP_MAX 0), no trimming of t
 (M_TRIM_THRESHOLD), and one arena for all threads (M_ARENA_MAX 1): a thread of a secondary
 arena could only get such a block by `mmap`, so without it XLA's worker threads would keep
 faulting. Measured with the BERT-mini step: 0 faults per step instead of 230,000 and the step
-1.25-1.35x faster (benchmarks/RESULTS.md). The cost: the process keeps its peak heap (it does
+about 1.3x faster (benchmarks/RESULTS.md). The cost: the process keeps its peak heap (it does
 not give memory back to the system), which a training process reaches every step anyway.
 
 It must run before any other thread allocates (glibc gives a thread its arena at its first

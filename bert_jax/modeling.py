@@ -196,7 +196,7 @@ def xla_attention(q, k, v, bias, dropout):
   q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]. The logits and softmax are
   float32. Heads go first and the keys are transposed once, so that both products are plain
   batched matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into
-  that layout inside the step and ran the products slower (BERT-mini step 1.04x faster this way,
+  that layout inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
   benchmarks/RESULTS.md).
   """
   head_dim = q.shape[-1]

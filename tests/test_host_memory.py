@@ -41,23 +41,22 @@ glibc_only = pytest.mark.skipif(
     reason="the options are glibc's; elsewhere keep_freed_memory() does nothing")
 
 
-def _run(code, keep: str):
+def _run(code, keep: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, BERT_JAX_KEEP_HOST_MEMORY=keep, PYTHONPATH=ROOT)
-  out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, check=True)
-  return out.stdout.split()
+  return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=True)
 
 
 @glibc_only
 def test_a_freed_block_is_reused_without_page_faults():
-  kept, faults = _run(_ROUNDS, keep="1")
+  kept, faults = _run(_ROUNDS, keep="1").stdout.split()
   assert kept == "True"
   assert int(faults) < 50        # the block comes back from the heap, already mapped
 
 
 @glibc_only
 def test_turned_off_every_round_faults_the_block_in_again():
-  kept, faults = _run(_ROUNDS, keep="0")
+  kept, faults = _run(_ROUNDS, keep="0").stdout.split()
   assert kept == "False"
   assert int(faults) > 100       # 65,536 pages of 4 KiB (128 with transparent huge pages)
 
@@ -65,7 +64,7 @@ def test_turned_off_every_round_faults_the_block_in_again():
 @glibc_only
 def test_the_training_entry_point_keeps_freed_memory():
   kept, = _run("import bert_jax.main\nfrom bert_jax import host_memory\n"
-               "print(host_memory.is_kept())", keep="1")
+               "print(host_memory.is_kept())", keep="1").stdout.split()
   assert kept == "True"
 
 
@@ -77,9 +76,7 @@ def test_a_late_call_says_to_set_the_environment_instead():
           "from bert_jax import host_memory\n"
           "host_memory.keep_freed_memory()\n"
           "done.set()\n")
-  env = dict(os.environ, BERT_JAX_KEEP_HOST_MEMORY="1", PYTHONPATH=ROOT)
-  out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, check=True)
+  out = _run(code, keep="1")
   assert "after other threads started" in out.stderr
   assert host_memory.ENVIRONMENT in out.stderr
 
