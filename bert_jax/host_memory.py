@@ -29,16 +29,15 @@ import platform
 
 from absl import logging
 
-# glibc's mallopt parameter numbers (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
-# The largest value M_TRIM_THRESHOLD takes (an int): never trim.
-_NEVER_TRIM = 2**31 - 1
+# (mallopt parameter number from malloc.h, the same option's environment variable, value).
+# M_TRIM_THRESHOLD takes an int, so its largest value only trims a free heap top over 2 GiB.
+_OPTIONS = ((-8, "MALLOC_ARENA_MAX", 1),                 # M_ARENA_MAX
+            (-4, "MALLOC_MMAP_MAX_", 0),                 # M_MMAP_MAX
+            (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1))   # M_TRIM_THRESHOLD
 
 ENV_VAR = "BERT_JAX_KEEP_HOST_MEMORY"
 # The same options for a process's environment (read by glibc at start).
-ENVIRONMENT = "MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647"
+ENVIRONMENT = " ".join(f"{name}={value}" for _, name, value in _OPTIONS)
 
 _kept = False
 
@@ -70,8 +69,7 @@ def keep_freed_memory() -> bool:
         "again each step. Start the process with %s instead.", ENVIRONMENT)
   global _kept
   # mallopt returns 1 on success.
-  _kept = all([mallopt(param, value) == 1 for param, value in (
-      (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER_TRIM))])
+  _kept = all([mallopt(param, value) == 1 for param, _, value in _OPTIONS])
   return _kept
 
 

@@ -150,7 +150,7 @@ def test_ltr_targets_are_next_tokens():
 
 
 def test_weighted_cross_entropy_matches_the_gather_and_argmax_definition():
-  """The one-hot formulation equals -log_softmax[label] and argmax accuracy, gradients included."""
+  """The loss equals -log_softmax[label] and argmax accuracy, gradients included."""
   rng = np.random.RandomState(0)
   logits = jnp.asarray(rng.randn(3, 5, 40).astype(np.float32) * 4)    # [B, P, V]
   labels = jnp.asarray(rng.randint(0, 40, size=(3, 5)))
