@@ -7,19 +7,14 @@ compiled several times in one process, each variant swapping one part back to th
 JAX/Flax form, and timed in interleaved rounds (best round each):
 
   current           bert_jax as it is
-  jax_gelu          jax.nn.gelu(approximate=False) instead of ops.gelu
-  flax_dropout      flax.linen.Dropout (32-bit bernoulli draws) instead of ops.Dropout
-  plain_bias        x + bias instead of ops.add_bias
-  einsum_attention  einsums over [B, S, N, D] instead of modeling.xla_attention's layout
-  optax_xent        optax.softmax_cross_entropy_with_integer_labels and argmax accuracy
-                    instead of ops.softmax_cross_entropy
+  jax_gelu, flax_dropout, plain_bias, einsum_attention, optax_xent
+                    one part in its textbook form (benchmarks/ablations.py says which)
   textbook          all of them
 
 Micro-benchmarks of a single op mislead here: XLA fuses each op with its neighbours, so only
 the whole step says what a change is worth.
 """
 import argparse
-import functools
 import json
 import os
 import sys
@@ -32,52 +27,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bert_jax import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-from benchmarks import bench_util  # noqa: E402
+from benchmarks import ablations, bench_util  # noqa: E402
 from benchmarks.pretrain_step_throughput import jax_step  # noqa: E402
-from bert_jax import modeling, ops  # noqa: E402
 
 
-def einsum_attention(q, k, v, bias, dropout):
-  """The attention of modeling.xla_attention as einsums over [B, S, N, D]."""
-  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B,N,S,S]
-  probs = dropout(jax.nn.softmax(logits + bias, axis=-1).astype(v.dtype))
-  return jnp.einsum("bnqk,bknd->bqnd", probs, v)                                    # [B,S,N,D]
-
-
-def optax_cross_entropy(logits, labels):
-  logits = logits.astype(jnp.float32)
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  return nll, (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-
-
-# (module, attribute): textbook replacement. The model and loss look these up when the step is
-# traced (its first call).
-TEXTBOOK = {"jax_gelu": (ops, "gelu", functools.partial(jax.nn.gelu, approximate=False)),
-            "flax_dropout": (ops, "Dropout", nn.Dropout),
-            "plain_bias": (ops, "add_bias", lambda x, bias: x + bias),
-            "einsum_attention": (modeling, "xla_attention", einsum_attention),
-            "optax_xent": (ops, "softmax_cross_entropy", optax_cross_entropy)}
-VARIANTS = {"current": (), **{name: (name,) for name in TEXTBOOK}, "textbook": tuple(TEXTBOOK)}
+# Float32 on CPU: the mixed-precision-only entries of ablations.TEXTBOOK change nothing here.
+CPU_PARTS = ("jax_gelu", "flax_dropout", "plain_bias", "einsum_attention", "optax_xent")
+VARIANTS = {"current": (), **{name: (name,) for name in CPU_PARTS}, "textbook": CPU_PARTS}
 
 
 def compiled_step(size: str, batch: int, seq: int, swapped):
-  """The train step compiled with the `swapped` parts replaced by TEXTBOOK's; a callable."""
-  saved = {name: getattr(module, attr) for name, (module, attr, _) in TEXTBOOK.items()}
-  for name in swapped:
-    module, attr, replacement = TEXTBOOK[name]
-    setattr(module, attr, replacement)
-  try:
+  """The train step compiled with the `swapped` parts in their textbook form; a callable."""
+  with bench_util.swapped(ablations.TEXTBOOK[name] for name in swapped):
     one = jax_step(size, batch, seq)
-    one()
-  finally:
-    for name, (module, attr, _) in TEXTBOOK.items():
-      setattr(module, attr, saved[name])
+    one()  # traced and compiled here, with the replacements in place
   return one
 
 

@@ -2,6 +2,7 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
 
   python benchmarks/gpu_pretrain_mfu.py --size=base --seq=128 --batch=256
   python benchmarks/gpu_pretrain_mfu.py --size=base --seq=512 --batch=64 --packing=both
+  python benchmarks/gpu_pretrain_mfu.py --peer=none --variants=current,bf16_attention_logits
 
 bert_jax's `train_step` (AdamW, dropout on, bfloat16 compute with float32 master weights) is timed
 against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the same
@@ -20,6 +21,9 @@ Reported per configuration (one JSON line):
   useful_mfu   the same with only real tokens counted (padding and cross-pair attention are waste)
   vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
   real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
+`--variants` compiles the step several times in one process, each with one part swapped back to
+its textbook form (benchmarks/ablations.py) or one config change (GPU_VARIANTS), and times them in
+the same interleaved rounds: the way to measure a change against main on a shared GPU.
 With `--packing=on` several short pairs share a row (data_pipelines/packing.py); the throughput
 that matters is then real tokens (pairs) per second, which is what the packed row is compared by.
 """
@@ -37,7 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import bench_util  # noqa: E402
+from benchmarks import ablations, bench_util  # noqa: E402
 from bert_jax import modeling, optim, pretraining  # noqa: E402
 from bert_jax.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
@@ -113,7 +117,17 @@ def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, s
           + 6 * pairs * (hidden * hidden + 2 * hidden))
 
 
-def jax_step(args, batch):
+# --variants: the step with one part swapped back (benchmarks/ablations.py) or a config change.
+# Each is compiled in the same process and timed in the same interleaved rounds.
+GPU_VARIANTS = {"current": ((), {}),
+                **{name: ((name,), {}) for name in ablations.TEXTBOOK},
+                # the model option: attention logits in bfloat16, upcast for the softmax
+                "bf16_attention_logits": ((), {"float32_attention_logits": False}),
+                # cuDNN's fused attention (it has no dropout): what a fused kernel would give
+                "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0})}
+
+
+def jax_config(args, overrides=()):
   c = pretraining_defaults.get_config(args.size)
   c.model.vocab_size = VOCAB
   c.model.dtype = args.dtype
@@ -122,22 +136,31 @@ def jax_step(args, batch):
     c.model.hidden_dropout_prob = args.hidden_dropout
   if args.attention_dropout >= 0:  # 0 lets cuDNN's fused attention run in training (GPU)
     c.model.attention_probs_dropout_prob = args.attention_dropout
+  c.model.update(dict(overrides))
   c.max_seq_length, c.max_predictions_per_seq = args.seq, args.max_pred
   c.global_batch_size = args.batch
   c.num_train_steps, c.warmup_steps = 10_000, 100
+  return c
+
+
+def jax_step(args, batch, variant="current"):
+  """A callable running `steps` train steps of `variant` (compiled here), and its attention."""
+  swaps, overrides = GPU_VARIANTS[variant]
+  c = jax_config(args, overrides)
   model = pretraining.build_model(c)
   tx, schedule = optim.create_optimizer(c, c.num_train_steps)
   start = time.perf_counter()
   state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
   jax.block_until_ready(state)
-  print(f"init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
+  print(f"[{variant}] init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
   step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
                                    objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
   device_batch = jax.device_put(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
-  state, metrics = step(state, device_batch, rng)
-  print(f"first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
+  with bench_util.swapped(ablations.TEXTBOOK[name] for name in swaps):
+    state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
+  print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
         f"{float(metrics['loss']):.3f}", flush=True)
   holder = [state]
   implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
@@ -224,6 +247,9 @@ def main():
   parser.add_argument("--prng", default="rbg", choices=["threefry2x32", "rbg", "unsafe_rbg"],
                       help="jax_default_prng_impl (initialisation and dropout); threefry's "
                            "BERT-base initialisation takes ~4 min to compile on an H100")
+  parser.add_argument("--variants", default="current",
+                      help="comma list of GPU_VARIANTS (the first is the one the peer and "
+                           "--profile use): " + ",".join(GPU_VARIANTS))
   parser.add_argument("--profile", default="", help="directory for a profiler trace of 3 steps")
   parser.add_argument("--matmul_n", type=int, default=8192, help="reference matmul size")
   parser.add_argument("--save_lengths", nargs=2, metavar=("RECORDS", "OUT_NPY"))
@@ -243,8 +269,10 @@ def main():
   for packed in {"off": [False], "on": [True], "both": [False, True]}[args.packing]:
     rng = np.random.RandomState(0)
     batch, tokens_per_row, pairs_per_row, lengths = make_batch(args, packed, rng)
-    fns = {}
-    fns["bert_jax"], implementation = jax_step(args, batch)
+    variants = args.variants.split(",")
+    fns, implementation = {}, {}
+    for variant in variants:
+      fns[variant], implementation[variant] = jax_step(args, batch, variant)
     if args.peer == "torch" and not packed:
       fns["torch"] = torch_step(args, batch)
     sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
@@ -262,27 +290,29 @@ def main():
     scale = pairs / len(lengths)
     useful = scale * model_flops(layers, hidden, lengths, 0, 0, 0) + model_flops(
         layers, hidden, [], args.batch * predictions_per_row, pairs, 0)
-    result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
-              "dtype": args.dtype, "lengths": args.lengths, "packing": packed,
-              "attention": implementation, "prng": args.prng,
-              "hidden_dropout": args.hidden_dropout if args.hidden_dropout >= 0 else 0.1,
-              "attention_dropout": args.attention_dropout if args.attention_dropout >= 0 else 0.1,
-              "pairs_per_row": round(pairs_per_row, 3),
-              "real_tokens_per_row": round(tokens_per_row, 1),
-              "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
-              "pairs_per_sec": round(pairs / sec["bert_jax"], 1),
-              "real_tokens_per_sec": round(args.batch * tokens_per_row / sec["bert_jax"]),
-              "mfu": round(computed / sec["bert_jax"] / peak, 3),
-              "useful_mfu": round(useful / sec["bert_jax"] / peak, 3),
-              "useful_vs_matmul": round(useful / sec["bert_jax"] / matmul, 3)}
+    for variant in variants:
+      seconds, c = sec[variant], jax_config(args, GPU_VARIANTS[variant][1])
+      result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
+                "dtype": args.dtype, "lengths": args.lengths, "packing": packed,
+                "variant": variant, "attention": implementation[variant], "prng": args.prng,
+                "hidden_dropout": c.model.hidden_dropout_prob,
+                "attention_dropout": c.model.attention_probs_dropout_prob,
+                "pairs_per_row": round(pairs_per_row, 3),
+                "real_tokens_per_row": round(tokens_per_row, 1),
+                "bert_jax_steps_per_sec": round(1 / seconds, 3),
+                "pairs_per_sec": round(pairs / seconds, 1),
+                "real_tokens_per_sec": round(args.batch * tokens_per_row / seconds),
+                "mfu": round(computed / seconds / peak, 3),
+                "useful_mfu": round(useful / seconds / peak, 3),
+                "useful_vs_matmul": round(useful / seconds / matmul, 3),
+                "vs_first_variant": round(seconds / sec[variants[0]], 3)}
+      if "torch" in sec:
+        result.update(torch_steps_per_sec=round(1 / sec["torch"], 3),
+                      ratio_vs_torch=round(sec["torch"] / seconds, 2))
+      print(json.dumps(result), flush=True)
     if args.profile:  # a few steps under the profiler (Perfetto trace) for a per-kernel breakdown
       with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-        fns["bert_jax"](3)
-    if "torch" in sec:
-      result.update(torch_steps_per_sec=round(1 / sec["torch"], 3),
-                    ratio_vs_torch=round(sec["torch"] / sec["bert_jax"], 2))
-    print(json.dumps(result), flush=True)
-
+        fns[variants[0]](3)
 
 if __name__ == "__main__":
   main()

@@ -45,9 +45,15 @@ class BertConfig:
   causal_attention: bool = False   # left-to-right ablation (spec section 6)
   scan_layers: bool = False        # one compiled layer body scanned L times (faster compiles)
   remat: bool = False              # rematerialise each layer in the backward pass (less memory)
+  # Attention logits (q k^T) written in float32 (True) or in the compute dtype and upcast for the
+  # softmax (False: under bfloat16, BERT-base steps 1.04x faster at seq 128 and 1.12x at 512 on an
+  # H100, logits rounded to bfloat16 as PyTorch autocast does). XLA attention only; cuDNN's keeps
+  # float32 logits inside its kernel.
+  float32_attention_logits: bool = True
 
   # Fields that describe the computation, not the checkpoint; never written to bert_config.json.
-  RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat")
+  RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat",
+                    "float32_attention_logits")
 
   def __post_init__(self):
     self.validate()

@@ -142,13 +142,24 @@ class BertEmbeddings(nn.Module):
       positions = self.position_embeddings.embedding[:seq_len].astype(dtype)[None]  # [1, S, H]
     else:
       positions = _one_hot_lookup(self.position_embeddings.embedding, position_ids, dtype)
-    x = (self.word_embeddings(input_ids) + positions +
+    x = (word_lookup(self.word_embeddings.embedding, input_ids, dtype) + positions +
          _one_hot_lookup(self.token_type_embeddings.embedding, token_type_ids, dtype))  # [B, S, H]
     return self.dropout(self.LayerNorm(x), deterministic=deterministic)
 
   def attend(self, hidden):
     """Logits against the (tied) token embedding matrix: [..., H] -> [..., V]."""
     return self.word_embeddings.attend(hidden)
+
+
+def word_lookup(table, ids, dtype):
+  """table[ids] cast to the compute dtype: [V, H] at [B, S] -> [B, S, H].
+
+  Gathered from the float32 table and then cast (the same values as casting the table first), so
+  that the gradient's scatter-add sums each token's cotangents in float32. Cast first, the sum
+  runs in bfloat16: a token seen hundreds of times a batch ([CLS], [SEP], "the") loses most of its
+  gradient's precision, and on GPU the bfloat16 atomic adds were also slower (benchmarks/RESULTS.md).
+  """
+  return jnp.take(table, ids, axis=0).astype(dtype)                          # [B, S, H]
 
 
 def _one_hot_lookup(table, ids, dtype):
@@ -190,21 +201,24 @@ def fused_attention(q, k, v, bias, implementation: str):
                                       implementation=implementation)
 
 
-def xla_attention(q, k, v, bias, dropout):
+def xla_attention(q, k, v, bias, dropout, float32_logits: bool = True):
   """softmax(q k^T / sqrt(D) + bias) v with `dropout` on the probabilities, as XLA ops.
 
-  q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]. The logits and softmax are
-  float32. Heads go first and the keys are transposed once, so that both products are plain
-  batched matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into
-  that layout inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
+  q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]. The softmax is float32; the
+  logits are too unless `float32_logits` is False, when the product is written in q's dtype (half
+  the bytes of the largest tensor of the step under bfloat16) and upcast inside the softmax.
+  Heads go first and the keys are transposed once, so that both products are plain batched
+  matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into that layout
+  inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
   benchmarks/RESULTS.md).
   """
   head_dim = q.shape[-1]
   q = q.transpose(0, 2, 1, 3) / jnp.sqrt(head_dim).astype(q.dtype)           # [B, N, S, D]
   k = k.transpose(0, 2, 3, 1)                                                  # [B, N, D, S]
   v = v.transpose(0, 2, 1, 3)                                                  # [B, N, S, D]
-  logits = jnp.matmul(q, k, preferred_element_type=jnp.float32)                # [B, N, S, S]
-  probs = dropout(jax.nn.softmax(logits + bias, axis=-1).astype(v.dtype))      # [B, N, S, S]
+  logits = jnp.matmul(q, k, preferred_element_type=jnp.float32 if float32_logits else q.dtype)
+  logits = logits.astype(jnp.float32) + bias                                   # [B, N, S, S]
+  probs = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))             # [B, N, S, S]
   return jnp.matmul(probs, v).transpose(0, 2, 1, 3)                            # [B, S, N, D]
 
 
@@ -224,7 +238,8 @@ class BertSelfAttention(nn.Module):
       context = fused_attention(q, k, v, bias, implementation)                # [B, S, N, D]
     else:
       dropout = ops.Dropout(c.attention_probs_dropout_prob)
-      context = xla_attention(q, k, v, bias, lambda p: dropout(p, deterministic=deterministic))
+      context = xla_attention(q, k, v, bias, lambda p: dropout(p, deterministic=deterministic),
+                              c.float32_attention_logits)
     return context.reshape(batch, seq_len, c.hidden_size)                     # [B, S, H]
 
 

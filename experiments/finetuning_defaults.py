@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
   c.model = ml_collections.ConfigDict(dict(dtype="float32", scan_layers=False, remat=False,
-                                           causal_attention=False))
+                                           causal_attention=False, float32_attention_logits=True))
 
   c.log_every_steps = 50
   c.eval_every_steps = 0             # 0: evaluate on the whole dev set after every epoch

@@ -28,7 +28,8 @@ def parse_arg(arg, **defaults):
 def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.task = "pretraining"
-  # The BertConfig fields (bert_config.json names) plus dtype/scan_layers/remat.
+  # The BertConfig fields (bert_config.json names) plus how to compute them: dtype, scan_layers,
+  # remat, float32_attention_logits (bert_jax/config.py).
   c.model = BertConfig.named(size).to_dict()
   c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir

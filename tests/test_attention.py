@@ -105,3 +105,42 @@ def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities():
   expected = jnp.einsum("bnqk,bknd->bqnd", probs, v)
   assert out.shape == (B, S, 2, 8)
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_attention_logits_in_the_compute_dtype_are_rounded_then_softmaxed_in_float32():
+  rng = np.random.RandomState(3)
+  q, k, v = (jnp.asarray(2 * rng.randn(B, S, 2, 16), jnp.bfloat16) for _ in range(3))
+  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=False)
+  keep = lambda probs: probs
+  scaled_q = q / jnp.sqrt(16).astype(jnp.bfloat16)
+  f32 = lambda a: np.asarray(a, np.float64)
+  reference = jnp.einsum("bqnd,bknd->bnqk", f32(scaled_q), f32(k))               # exact logits
+  rounded = reference.astype(jnp.bfloat16)                                         # bf16 output
+  expect = lambda logits: jnp.einsum(
+      "bnqk,bknd->bqnd", jax.nn.softmax(jnp.asarray(logits, jnp.float32) + bias, axis=-1)
+      .astype(jnp.bfloat16).astype(jnp.float32), f32(v).astype(np.float32))
+  low = modeling.xla_attention(q, k, v, bias, keep, float32_logits=False)
+  high = modeling.xla_attention(q, k, v, bias, keep)
+  assert low.dtype == high.dtype == jnp.bfloat16
+  np.testing.assert_allclose(f32(low), expect(rounded), rtol=2e-2, atol=2e-2)
+  # Float32 logits track the exact ones more closely than logits rounded to bfloat16.
+  error = lambda out: np.abs(f32(out) - np.asarray(expect(reference))).mean()
+  assert error(high) < error(low)
+
+
+def test_the_config_switch_reaches_the_attention_of_a_bfloat16_model(monkeypatch):
+  ids, masks = _masks()
+  seen = []
+  original = modeling.xla_attention
+  monkeypatch.setattr(modeling, "xla_attention",
+                      lambda *args: seen.append(args[-1]) or original(*args))
+  outputs = []
+  for float32_logits in (True, False):
+    model = modeling.BertModel(_config(dtype="bfloat16", float32_attention_logits=float32_logits))
+    params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+    seen.clear()
+    outputs.append(np.asarray(model.apply({"params": params}, ids, masks["padding"])
+                              ["sequence_output"], np.float32))
+    assert seen == [float32_logits] * 2     # each layer
+  # (Compiled for CPU, XLA may keep the product in float32 anyway: it allows excess precision.)
+  np.testing.assert_allclose(outputs[0], outputs[1], atol=0.1)
