@@ -52,8 +52,11 @@ def keep_freed_memory() -> bool:
 
   False (and nothing changes) outside Linux/glibc or when BERT_JAX_KEEP_HOST_MEMORY=0.
   """
+  global _kept
   if os.environ.get(ENV_VAR, "1") == "0":
     return False
+  if _kept:  # a second call (one script importing another) has nothing to do or warn about
+    return True
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
   try:
@@ -67,7 +70,6 @@ def keep_freed_memory() -> bool:
         "host_memory.keep_freed_memory() called after other threads started: their malloc "
         "arenas remain, so XLA's per-step temporaries may still be unmapped and faulted in "
         "again each step. Start the process with %s instead.", ENVIRONMENT)
-  global _kept
   # mallopt returns 1 on success.
   _kept = all([mallopt(param, value) == 1 for param, _, value in _OPTIONS])
   return _kept

@@ -84,3 +84,18 @@ def test_a_late_call_says_to_set_the_environment_instead():
 def test_turned_off_by_the_environment(monkeypatch):
   monkeypatch.setenv(host_memory.ENV_VAR, "0")
   assert host_memory.keep_freed_memory() is False
+
+
+@glibc_only
+def test_a_second_call_after_threads_started_is_silent():
+  # One benchmark script importing another calls it twice, the second time after JAX started.
+  code = ("import threading\n"
+          "from bert_jax import host_memory\n"
+          "assert host_memory.keep_freed_memory()\n"
+          "done = threading.Event()\n"
+          "threading.Thread(target=done.wait).start()\n"
+          "print(host_memory.keep_freed_memory())\n"
+          "done.set()\n")
+  out = _run(code, keep="1")
+  assert out.stdout.split() == ["True"]
+  assert "after other threads started" not in out.stderr
