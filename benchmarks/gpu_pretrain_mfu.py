@@ -314,5 +314,6 @@ def main():
       with jax.profiler.trace(args.profile, create_perfetto_trace=True):
         fns[variants[0]](3)
 
+
 if __name__ == "__main__":
   main()

@@ -157,7 +157,8 @@ def word_lookup(table, ids, dtype):
   Gathered from the float32 table and then cast (the same values as casting the table first), so
   that the gradient's scatter-add sums each token's cotangents in float32. Cast first, the sum
   runs in bfloat16: a token seen hundreds of times a batch ([CLS], [SEP], "the") loses most of its
-  gradient's precision, and on GPU the bfloat16 atomic adds were also slower (benchmarks/RESULTS.md).
+  gradient's precision, and on GPU the bfloat16 atomic adds were also slower
+  (benchmarks/RESULTS.md).
   """
   return jnp.take(table, ids, axis=0).astype(dtype)                          # [B, S, H]
 
