@@ -4,7 +4,8 @@ r"""Per-kernel breakdown of a `jax.profiler` trace (the Perfetto JSON that `--pr
 
 Sums device-kernel time by kernel name (one name per XLA fusion, cuBLAS/cuDNN kernel or Triton
 GEMM), groups the names into kinds (matmul, attention, reduction, elementwise, copy, ...), and
-prints both per step, with the busy fraction of the device stream(s). Read the fusion names
+prints both per step, with the span from the first kernel's start to the last one's end (kernel
+time well under the span means the device sat idle between kernels). Read the fusion names
 against an HLO dump (`XLA_FLAGS=--xla_dump_to=...`) to see what each one computes.
 """
 import argparse
