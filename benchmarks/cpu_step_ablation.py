@@ -7,7 +7,7 @@ compiled several times in one process, each variant swapping one part back to th
 JAX/Flax form, and timed in interleaved rounds (best round each):
 
   current           bert_jax as it is
-  jax_gelu, flax_dropout, plain_bias, einsum_attention, optax_xent
+  jax_gelu, flax_dropout, plain_bias, einsum_attention, optax_xent, autodiff_dense
                     one part in its textbook form (benchmarks/ablations.py says which)
   textbook          all of them
 
@@ -32,7 +32,8 @@ from benchmarks.pretrain_step_throughput import jax_step  # noqa: E402
 
 
 # Float32 on CPU: the mixed-precision-only entries of ablations.TEXTBOOK change nothing here.
-CPU_PARTS = ("jax_gelu", "flax_dropout", "plain_bias", "einsum_attention", "optax_xent")
+CPU_PARTS = ("jax_gelu", "flax_dropout", "plain_bias", "einsum_attention", "optax_xent",
+             "autodiff_dense")
 VARIANTS = {"current": (), **{name: (name,) for name in CPU_PARTS}, "textbook": CPU_PARTS}
 
 

@@ -27,7 +27,8 @@ def _output_layer(features: int, name: str) -> nn.Dense:
   # Computed in float32 whatever the encoder's dtype: these logits feed softmax / MSE directly.
   return nn.Dense(features, dtype=jnp.float32, param_dtype=jnp.float32,
                   kernel_init=nn.initializers.truncated_normal(stddev=_INIT_STDDEV),
-                  bias_init=nn.initializers.zeros_init(), name=name)
+                  bias_init=nn.initializers.zeros_init(), name=name,
+                  dot_general=ops.dense_dot_general)
 
 
 class ClassificationHead(nn.Module):

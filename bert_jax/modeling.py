@@ -65,7 +65,8 @@ def _ones(axes):
 
 def _dense(config: BertConfig, features: int, axes, name: str) -> nn.Dense:
   return nn.Dense(features, dtype=_dtype(config), param_dtype=jnp.float32,
-                  kernel_init=_kernel_init(config, axes), bias_init=_zeros(axes[1:]), name=name)
+                  kernel_init=_kernel_init(config, axes), bias_init=_zeros(axes[1:]), name=name,
+                  dot_general=ops.dense_dot_general)
 
 
 def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
@@ -426,7 +427,8 @@ class BertPreTrainingHeads(nn.Module):
     if pooled_output is not None:
       nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
                             kernel_init=_kernel_init(self.config, ("embed", None)),
-                            bias_init=_zeros((None,)), name="seq_relationship")(pooled_output)
+                            bias_init=_zeros((None,)), name="seq_relationship",
+                            dot_general=ops.dense_dot_general)(pooled_output)
     return mlm_logits, nsp_logits
 
 

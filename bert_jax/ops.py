@@ -11,11 +11,16 @@ the 2-core CPU of benchmarks/RESULTS.md ("Where the CPU step's time went"):
   probability is quantised to 1/65536 (rate 0.1 keeps with probability 58982/65536 =
   0.8999939) and the survivors are scaled by the inverse of *that* probability, so the expected
   output equals the input exactly.
+- `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]), whose kernel gradient
+  is one 2-D matmul over the flattened rows, taken as [N, K] and transposed on CPU when K > N.
+  Autodiff of the 3-D product made XLA contract over two batch-like axes through copies and
+  Eigen's kernel (BERT-mini step 1.13x faster, BERT-small 1.10x).
 - `add_bias`: `x + bias` whose bias gradient is a matrix-vector product (the MLM output bias).
 - `softmax_cross_entropy`: -log_softmax(logits)[label] with its gradient written out,
   `softmax - one_hot`, in one elementwise pass over the saved logits; autodiff of the textbook
   form made XLA build the [..., V] gradient from several passes (BERT-mini step 1.03x faster).
 """
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -68,6 +73,47 @@ class Dropout(nn.Module):
     keep = dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape)
     scale = jnp.asarray(65536.0 / keep_threshold(self.rate), x.dtype)
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
+def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
+                      preferred_element_type=None) -> Array:
+  """`jax.lax.dot_general` for `nn.Dense(dot_general=...)`: lhs [..., K] x kernel [K, N].
+
+  Any other contraction, or a preferred element type, goes to `jax.lax.dot_general` unchanged.
+  """
+  dense_form = (((lhs.ndim - 1,), (0,)), ((), ()))
+  if rhs.ndim != 2 or dimension_numbers != dense_form or preferred_element_type is not None:
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type)
+  return _dense_matmul(lhs, rhs, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense_matmul(x, kernel, precision):
+  return jnp.matmul(x, kernel, precision=precision)                           # [..., N]
+
+
+def _dense_matmul_fwd(x, kernel, precision):
+  return _dense_matmul(x, kernel, precision), (x, kernel)
+
+
+def _dense_matmul_bwd(precision, residuals, g):
+  x, kernel = residuals
+  k, n = kernel.shape
+  rows, g_rows = x.reshape(-1, k), g.reshape(-1, n)                           # [M, K], [M, N]
+  x_grad = jnp.matmul(g, kernel.T, precision=precision)                       # [..., K]
+  if k > n and jax.default_backend() == "cpu":
+    # On XLA's CPU backend a [K, N] product with K > N contracting over M ran 1.4x slower than
+    # the [N, K] one (e.g. [4096, 1024]^T [4096, 256]: 17 vs 12 ms). The barrier keeps XLA
+    # from folding the transpose back into the product.
+    kernel_grad = jax.lax.optimization_barrier(
+        jnp.matmul(g_rows.T, rows, precision=precision)).T                     # [K, N]
+  else:
+    kernel_grad = jnp.matmul(rows.T, g_rows, precision=precision)              # [K, N]
+  return x_grad.astype(x.dtype), kernel_grad.astype(kernel.dtype)
+
+
+_dense_matmul.defvjp(_dense_matmul_fwd, _dense_matmul_bwd)
 
 
 @jax.custom_vjp

@@ -88,6 +88,44 @@ def test_add_bias_gradients_equal_the_broadcast_add():
   assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.float32
 
 
+@pytest.mark.parametrize("shape", [(6, 8, 12, 5), (6, 8, 5, 12), (7, 12, 5), (4, 3, 2, 12, 5)])
+def test_dense_dot_general_values_and_gradients_equal_lax_dot_general(shape):
+  """[..., K] x [K, N] for K > N (the transposed kernel-gradient path on CPU) and K < N."""
+  *lead, k, n = shape
+  x = jax.random.normal(jax.random.PRNGKey(0), (*lead, k))
+  kernel = jax.random.normal(jax.random.PRNGKey(1), (k, n))
+  numbers = (((x.ndim - 1,), (0,)), ((), ()))
+  loss = lambda dot: lambda x, w: (jnp.sin(dot(x, w, numbers)) ** 2).sum()
+  np.testing.assert_allclose(ops.dense_dot_general(x, kernel, numbers),
+                             jax.lax.dot_general(x, kernel, numbers), rtol=1e-6, atol=1e-6)
+  ours = jax.jit(jax.grad(loss(ops.dense_dot_general), (0, 1)))(x, kernel)
+  reference = jax.grad(loss(jax.lax.dot_general), (0, 1))(x, kernel)
+  for a, b in zip(ours, reference):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_dot_general_keeps_dtypes_and_passes_other_contractions_through():
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 4, 8)).astype(jnp.bfloat16)
+  kernel = jax.random.normal(jax.random.PRNGKey(1), (8, 2)).astype(jnp.bfloat16)
+  numbers = (((2,), (0,)), ((), ()))
+  grads = jax.grad(lambda x, w: ops.dense_dot_general(x, w, numbers).astype(jnp.float32).sum(),
+                   (0, 1))(x, kernel)
+  assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
+  # A batched contraction is not nn.Dense's: it goes to lax.dot_general as given.
+  batched = (((2,), (1,)), ((0,), (0,)))
+  y = jax.random.normal(jax.random.PRNGKey(2), (3, 8, 5))
+  np.testing.assert_allclose(ops.dense_dot_general(x.astype(jnp.float32), y, batched),
+                             jax.lax.dot_general(x.astype(jnp.float32), y, batched), rtol=1e-6)
+  # And nn.Dense with it gives the same outputs and parameter gradients as without.
+  inputs = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 8))
+  plain, ours = nn.Dense(4), nn.Dense(4, dot_general=ops.dense_dot_general)
+  params = plain.init(jax.random.PRNGKey(4), inputs)
+  grad = lambda layer: jax.grad(lambda p: (layer.apply(p, inputs) ** 2).sum())(params)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         grad(ours), grad(plain))
+
+
 def test_softmax_cross_entropy_is_minus_log_softmax_at_the_label_with_its_gradient():
   rng = np.random.RandomState(0)
   logits = jnp.asarray(rng.randn(4, 6, 50).astype(np.float32) * 5)               # [B, P, V]
