@@ -11,10 +11,10 @@ the 2-core CPU of benchmarks/RESULTS.md ("Where the CPU step's time went"):
   probability is quantised to 1/65536 (rate 0.1 keeps with probability 58982/65536 =
   0.8999939) and the survivors are scaled by the inverse of *that* probability, so the expected
   output equals the input exactly.
-- `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]), whose kernel gradient
-  is one 2-D matmul over the flattened rows, taken as [N, K] and transposed on CPU when K > N.
-  Autodiff of the 3-D product made XLA contract over two batch-like axes through copies and
-  Eigen's kernel (BERT-mini step 1.13x faster, BERT-small 1.10x).
+- `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]) and of the tied MLM
+  decoder, whose kernel gradient is one 2-D matmul over the flattened rows, taken as [N, K] and
+  transposed on CPU when K > N. Autodiff of the 3-D product made XLA contract over two
+  batch-like axes through copies and Eigen's kernel (BERT-mini step 1.2x faster).
 - `add_bias`: `x + bias` whose bias gradient is a matrix-vector product (the MLM output bias).
 - `softmax_cross_entropy`: -log_softmax(logits)[label] with its gradient written out,
   `softmax - one_hot`, in one elementwise pass over the saved logits; autodiff of the textbook
