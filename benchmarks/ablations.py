@@ -10,8 +10,8 @@ replacement in while a step is traced, so the ablation benchmarks (`cpu_step_abl
   einsum_attention  einsums over [B, S, N, D] instead of modeling.xla_attention's layout
   optax_xent        optax.softmax_cross_entropy_with_integer_labels and argmax accuracy
                     instead of ops.softmax_cross_entropy
-  autodiff_dense    jax.lax.dot_general (autodiff's kernel gradient) in every nn.Dense instead
-                    of ops.dense_dot_general
+  autodiff_dense    a plain matmul (autodiff's kernel gradient) in every nn.Dense and the tied
+                    MLM decoder instead of ops.dense_matmul
   cast_then_gather  the word embeddings cast to the compute dtype before the lookup (flax's
                     nn.Embed), so the gradient's scatter-add runs in that dtype, instead of
                     modeling.word_lookup
@@ -40,6 +40,10 @@ def optax_cross_entropy(logits, labels):
   return nll, (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
 
 
+def autodiff_matmul(x, kernel, precision=None):
+  return jnp.matmul(x, kernel, precision=precision)
+
+
 def cast_then_gather(table, ids, dtype):
   return jnp.take(table.astype(dtype), ids, axis=0)
 
@@ -49,5 +53,5 @@ TEXTBOOK = {"jax_gelu": (ops, "gelu", functools.partial(jax.nn.gelu, approximate
             "plain_bias": (ops, "add_bias", lambda x, bias: x + bias),
             "einsum_attention": (modeling, "xla_attention", einsum_attention),
             "optax_xent": (ops, "softmax_cross_entropy", optax_cross_entropy),
-            "autodiff_dense": (ops, "dense_dot_general", jax.lax.dot_general),
+            "autodiff_dense": (ops, "dense_matmul", autodiff_matmul),
             "cast_then_gather": (modeling, "word_lookup", cast_then_gather)}

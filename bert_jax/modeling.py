@@ -150,7 +150,7 @@ class BertEmbeddings(nn.Module):
   def attend(self, hidden):
     """Logits against the (tied) token embedding matrix: [..., H] -> [..., V].
 
-    `nn.Embed.attend`'s product, through `ops.dense_dot_general`: the table's gradient is taken
+    `nn.Embed.attend`'s product, through `ops.dense_matmul`: the table's gradient is taken
     as an [H, V] matmul and transposed. Autodiff of `hidden @ table.T` had XLA's CPU backend
     transpose the [rows, V] logit gradient first, a single-threaded 17 ms copy of a 0.9 s
     BERT-mini step (step 1.02-1.05x faster this way, benchmarks/RESULTS.md).
@@ -158,7 +158,7 @@ class BertEmbeddings(nn.Module):
     dtype = _dtype(self.config)
     hidden = hidden.astype(dtype)
     table = self.word_embeddings.embedding.astype(dtype)                       # [V, H]
-    return ops.dense_dot_general(hidden, table.T, (((hidden.ndim - 1,), (0,)), ((), ())))
+    return ops.dense_matmul(hidden, table.T)                                    # [..., V]
 
 
 def word_lookup(table, ids, dtype):

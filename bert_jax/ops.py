@@ -85,7 +85,12 @@ def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
   if rhs.ndim != 2 or dimension_numbers != dense_form or preferred_element_type is not None:
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
-  return _dense_matmul(lhs, rhs, precision)
+  return dense_matmul(lhs, rhs, precision)
+
+
+def dense_matmul(x: Array, kernel: Array, precision=None) -> Array:
+  """x [..., K] @ kernel [K, N] -> [..., N], the kernel gradient as one 2-D matmul over the rows."""
+  return _dense_matmul(x, kernel, precision)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
