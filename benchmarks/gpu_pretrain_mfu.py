@@ -124,7 +124,12 @@ GPU_VARIANTS = {"current": ((), {}),
                 # the model option: attention logits in bfloat16, upcast for the softmax
                 "bf16_attention_logits": ((), {"float32_attention_logits": False}),
                 # cuDNN's fused attention (it has no dropout): what a fused kernel would give
-                "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0})}
+                "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0}),
+                # probes (change the recipe): what dropout costs on the XLA attention path
+                "no_hidden_dropout": ((), {"hidden_dropout_prob": 0.0}),
+                "xla_no_dropout": (((modeling, "attention_implementation", lambda *_, **__: None),),
+                                   {"hidden_dropout_prob": 0.0,
+                                    "attention_probs_dropout_prob": 0.0})}
 
 
 def jax_config(args, overrides=()):
@@ -158,13 +163,13 @@ def jax_step(args, batch, variant="current"):
   device_batch = jax.device_put(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
-  with bench_util.swapped(ablations.TEXTBOOK[name] for name in swaps):
+  with bench_util.swapped(ablations.TEXTBOOK[s] if isinstance(s, str) else s for s in swaps):
     state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
+    implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
+                                                       deterministic=False)
   print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
         f"{float(metrics['loss']):.3f}", flush=True)
   holder = [state]
-  implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
-                                                     deterministic=False)
 
   def run(steps):
     for _ in range(steps):
