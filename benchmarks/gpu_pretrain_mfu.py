@@ -117,8 +117,15 @@ def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, s
           + 6 * pairs * (hidden * hidden + 2 * hidden))
 
 
-# --variants: the step with one part swapped back (benchmarks/ablations.py) or a config change.
-# Each is compiled in the same process and timed in the same interleaved rounds.
+def xla_attention_always(config, deterministic):
+  """`modeling.attention_implementation` for a probe: the XLA path even where cuDNN applies."""
+  del config, deterministic
+  return None
+
+
+# --variants: the step with one part swapped back (benchmarks/ablations.py), a config change, or
+# (module, attribute, replacement) swaps. Each is compiled in the same process and timed in the
+# same interleaved rounds.
 GPU_VARIANTS = {"current": ((), {}),
                 **{name: ((name,), {}) for name in ablations.TEXTBOOK},
                 # the model option: attention logits in bfloat16, upcast for the softmax
@@ -127,7 +134,7 @@ GPU_VARIANTS = {"current": ((), {}),
                 "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0}),
                 # probes (change the recipe): what dropout costs on the XLA attention path
                 "no_hidden_dropout": ((), {"hidden_dropout_prob": 0.0}),
-                "xla_no_dropout": (((modeling, "attention_implementation", lambda *_, **__: None),),
+                "xla_no_dropout": (((modeling, "attention_implementation", xla_attention_always),),
                                    {"hidden_dropout_prob": 0.0,
                                     "attention_probs_dropout_prob": 0.0})}
 
