@@ -22,8 +22,9 @@ Reported per configuration (one JSON line):
   vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
   real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
 `--variants` compiles the step several times in one process, each with one part swapped back to
-its textbook form (benchmarks/ablations.py) or one config change (GPU_VARIANTS), and times them in
-the same interleaved rounds: the way to measure a change against main on a shared GPU.
+its textbook form (benchmarks/ablations.py), one config change, or a probe that prices a part of
+the recipe (GPU_VARIANTS: `no_hidden_dropout`, `xla_no_dropout`), and times them in the same
+interleaved rounds: the way to measure a change against main on a shared GPU.
 With `--packing=on` several short pairs share a row (data_pipelines/packing.py); the throughput
 that matters is then real tokens (pairs) per second, which is what the packed row is compared by.
 """
