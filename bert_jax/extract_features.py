@@ -11,6 +11,10 @@ original). Layer -1 is the last encoder layer; -(L+1) is the embedding output.
 With `--pooling=cls|mean` the output is one sentence vector per line instead:
 `{"linex_index": i, "pooling": "mean", "layer": -1, "values": [...]}` (mean over the real tokens,
 or the [CLS] hidden state, of the first layer in --layers).
+
+`--length_bucket=N` runs each batch at the smallest multiple of N holding its longest line instead
+of --max_seq_length (the same features, less padding computed; at most max_seq_length / N shapes
+compiled).
 """
 import json
 import os
@@ -22,6 +26,7 @@ import numpy as np
 from absl import app, flags
 
 from bert_jax import checkpoints, modeling
+from bert_jax.length_buckets import bucket_length
 
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
@@ -64,10 +69,11 @@ def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
 
 
 class FeatureExtractor:
-  """A jitted encoder with fixed shapes (one compilation for the whole file)."""
+  """A jitted encoder: fixed shapes (one compilation for the whole file), or with
+  `length_bucket` N > 0 each batch cut to a multiple of N (`length_buckets.bucket_length`)."""
 
   def __init__(self, init_checkpoint: str, max_seq_length: int = 128, batch_size: int = 32,
-               dtype: str = "float32"):
+               dtype: str = "float32", length_bucket: int = 0):
     self.config, params = checkpoints.load_pretrained(init_checkpoint)
     self.config = self.config.replace(dtype=dtype)
     if max_seq_length > self.config.max_position_embeddings:
@@ -75,6 +81,7 @@ class FeatureExtractor:
                        f"table (max_position_embeddings={self.config.max_position_embeddings})")
     self.params = jax.device_put(params["bert"])
     self.max_seq_length, self.batch_size = max_seq_length, batch_size
+    self.length_bucket = length_bucket
     model = modeling.BertModel(self.config)
 
     @jax.jit
@@ -85,11 +92,17 @@ class FeatureExtractor:
     self._run = run
 
   def hidden_states(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """[B, S] numpy inputs (B <= batch_size) -> [L+1, B, S, H] float32 numpy."""
+    """[B, S] numpy inputs (B <= batch_size, S <= max_seq_length) -> [L+1, B, S', H] float32
+    numpy: S' is max_seq_length, or the bucket holding the longest row (>= S)."""
     modeling.check_inputs(self.config, ids, segments)  # clear errors before any compilation
     rows = ids.shape[0]
-    pad = lambda x: np.pad(x, ((0, self.batch_size - rows), (0, self.max_seq_length - x.shape[1])))
-    out = self._run(self.params, pad(ids), pad(mask), pad(segments))
+    length = bucket_length(mask.sum(-1), self.length_bucket, self.max_seq_length)
+
+    def fit(x):  # [rows, S] -> [batch_size, length]: padding columns cut off or zeros added
+      x = x[:, :length]
+      return np.pad(x, ((0, self.batch_size - rows), (0, length - x.shape[1])))
+
+    out = self._run(self.params, fit(ids), fit(mask), fit(segments))
     return np.asarray(out[:, :rows], np.float32)
 
 
@@ -106,13 +119,16 @@ def _batches(examples, tokenizer, max_seq_length: int, batch_size: int):
 
 def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
             layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128,
-            batch_size: int = 32, pooling: Optional[str] = None) -> int:
+            batch_size: int = 32, pooling: Optional[str] = None, length_bucket: int = 0) -> int:
   """Writes the features of every line of `input_file`; returns the number of lines."""
   if pooling not in (None, "", "cls", "mean"):
     raise ValueError(f"--pooling={pooling!r}: expected cls or mean")
   if not os.path.exists(input_file):  # fail before loading the checkpoint
     raise FileNotFoundError(f"Input file not found: {input_file}")
-  extractor = FeatureExtractor(init_checkpoint, max_seq_length, batch_size)
+  if length_bucket < 0:
+    raise ValueError(f"--length_bucket={length_bucket}: must be >= 0 (0: pad to --max_seq_length)")
+  extractor = FeatureExtractor(init_checkpoint, max_seq_length, batch_size,
+                               length_bucket=length_bucket)
   num_states = extractor.config.num_hidden_layers + 1
   for layer in layers:
     if not -num_states <= layer < num_states:
@@ -166,6 +182,8 @@ def define_flags():
   flags.DEFINE_integer("batch_size", 32, "Sequences per forward pass.")
   flags.DEFINE_enum("pooling", "", ["", "cls", "mean"],
                     "Write one pooled sentence vector per line instead of per-token features.")
+  flags.DEFINE_integer("length_bucket", 0, "0: every batch padded to --max_seq_length. N > 0: "
+                       "each batch to the smallest multiple of N holding its longest line.")
   flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 
@@ -182,7 +200,8 @@ def main(argv):
                                             do_lower_case=FLAGS.do_lower_case)
   layers = [int(x) for x in FLAGS.layers.split(",") if x.strip()]
   count = extract(FLAGS.input_file, FLAGS.output_file, FLAGS.init_checkpoint, tokenizer, layers,
-                  FLAGS.max_seq_length, FLAGS.batch_size, FLAGS.pooling or None)
+                  FLAGS.max_seq_length, FLAGS.batch_size, FLAGS.pooling or None,
+                  FLAGS.length_bucket)
   print(f"Wrote features of {count} lines to {FLAGS.output_file}")
 
 

@@ -30,6 +30,12 @@ A task is a `Task`: a small dataclass of plain functions. The loop knows nothing
   example lives there. `metrics(examples, predictions)` -> {name: float}.
 * `write_predictions(workdir, split, examples, predictions)` writes the task's files for any
   eval or test split and returns their paths.
+* Length buckets (`config.length_bucket` = N > 0): each batch's token axis is cut to the
+  smallest multiple of N that holds its longest row, and evaluation runs rows shortest first.
+  The model inputs are cut; so are the feature arrays named in `Task.token_features` (token
+  axis last, e.g. NER's `label_ids`). Head outputs named in `Task.token_outputs` ([rows, S, ...],
+  e.g. span logits) come back padded to the features' length with `CUT_TOKEN_OUTPUT` at the
+  positions that were cut (padding: no real token is ever there).
 * `output_hidden_states=True` passes all layers to the head (`hidden_states` [L+1, B, S, H]);
   `freeze_encoder=True` trains the head only (the feature-based approach, spec section 5.3): the
   encoder runs without dropout and gets no gradient or update.
@@ -76,6 +82,7 @@ from bert_jax import checkpoints, modeling, optim, parallel, sharding, tokenizat
 from bert_jax import training_checkpoints as tc
 from bert_jax.config import BertConfig
 from bert_jax.extract_features import truncate_seq_pair
+from bert_jax.length_buckets import bucket_length, row_lengths
 from bert_jax.metric_writers import MetricWriter
 
 RESULTS_FILE = "results.json"
@@ -86,6 +93,9 @@ SPM_COPY = "spm.model"  # the SentencePiece model saved beside a best/ checkpoin
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 # Row mask the loop adds to every batch: 1 for real rows, 0 for the padding of a last eval batch.
 EXAMPLE_MASK = "example_mask"
+# What a token output holds at the positions a length bucket cut off (all padding): low enough
+# that no argmax or top-k over positions picks one, finite so that sums of two stay finite.
+CUT_TOKEN_OUTPUT = -1e9
 
 
 # ----------------------------------------------------------------------------------- interface
@@ -131,6 +141,10 @@ class Task:
   output_hidden_states: bool = False
   freeze_encoder: bool = False
   new_params: Tuple[str, ...] = (r"head/.*",)
+  # Length buckets (see the module docstring): feature arrays besides the model inputs whose
+  # last axis is the token axis, and head outputs [rows, S, ...] with the token axis second.
+  token_features: Tuple[str, ...] = ()
+  token_outputs: Tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------- model
@@ -288,6 +302,11 @@ def _rows(arrays: Dict[str, np.ndarray], index: np.ndarray, mask: np.ndarray) ->
   return batch
 
 
+def _cut_tokens(batch: Dict, length: int, names: Sequence[str]) -> Dict:
+  """`batch` with the token axis (last) of the arrays in `names` cut to `length`."""
+  return {k: (v[..., :length] if k in names else v) for k, v in batch.items()}
+
+
 def _host_slice(batch: Dict, global_batch: int) -> Dict:
   """This process's rows of a global batch (jit over a multi-host mesh takes per-host slices)."""
   count, index = jax.process_count(), jax.process_index()
@@ -412,13 +431,20 @@ def read_best_info(workdir: str) -> Optional[Dict]:
 
 
 class Predictor:
-  """Runs the model over a whole split: fixed batch shape, the last batch padded and masked."""
+  """Runs the model over a whole split: fixed batch size, the last batch padded and masked.
 
-  def __init__(self, model, task: Task, batch_size: int, mesh, params_sharding=None):
+  With `length_bucket` N > 0 rows run shortest first, each batch cut to a multiple of N
+  (`bucket_length`); the outputs come back in row order, token outputs padded back."""
+
+  def __init__(self, model, task: Task, batch_size: int, mesh, params_sharding=None,
+               length_bucket: int = 0):
     """`params_sharding`: how the parameters passed in are placed (the train state's layout
     under tensor parallelism); default replicated."""
     self.batch_size = _round_up(batch_size, mesh.shape["data"])
     self._mesh = mesh
+    self._length_bucket = length_bucket
+    self._token_features = MODEL_INPUTS + tuple(task.token_features)
+    self._token_outputs = tuple(task.token_outputs)
     if params_sharding is None:
       params_sharding = sharding.replicated(mesh)
     self._params_sharding = params_sharding
@@ -434,19 +460,36 @@ class Predictor:
     step = self._with_loss if with_loss else self._without_loss
     params = sharding.place(params, self._params_sharding)  # host copies (the best checkpoint)
     n, b = features.num_rows, self.batch_size
+    max_length = features.arrays["input_ids"].shape[-1]
+    lengths = row_lengths(features.arrays["input_mask"])
+    # Shortest first when cutting, so that rows of like length share a batch (and its length).
+    order = np.argsort(lengths, kind="stable") if self._length_bucket else np.arange(n)
     pieces: List[Dict[str, np.ndarray]] = []
     for start in range(0, n, b):
-      real = min(b, n - start)
-      index = np.concatenate([np.arange(start, start + real), np.zeros(b - real, np.int64)])
+      rows = order[start:start + b]
+      real = len(rows)
+      index = np.concatenate([rows, np.full(b - real, rows[0])])  # padding repeats a real row
       mask = np.arange(b) < real
-      batch = _host_slice(_rows(features.arrays, index, mask), b)
-      outputs = jax.device_get(step(params, sharding.shard_batch(batch, self._mesh)))
-      pieces.append({k: np.asarray(v)[:real] for k, v in outputs.items()})
+      length = bucket_length(lengths[rows], self._length_bucket, max_length)
+      batch = _cut_tokens(_rows(features.arrays, index, mask), length, self._token_features)
+      outputs = jax.device_get(step(params, sharding.shard_batch(_host_slice(batch, b),
+                                                                 self._mesh)))
+      pieces.append({k: self._pad_back(k, np.asarray(v)[:real], max_length)
+                     for k, v in outputs.items()})
     outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]} if pieces else {}
+    if self._length_bucket:
+      outputs = {k: v[np.argsort(order)] for k, v in outputs.items()}   # back to row order
     loss = None
     if with_loss and pieces:
       loss = float(outputs.pop("_row_loss").sum() / max(outputs.pop("_row_weight").sum(), 1e-6))
     return outputs, loss
+
+  def _pad_back(self, name: str, x: np.ndarray, max_length: int) -> np.ndarray:
+    """A token output [rows, S', ...] of a cut batch -> [rows, max_length, ...]."""
+    if name not in self._token_outputs or x.shape[1] == max_length:
+      return x
+    widths = [(0, 0), (0, max_length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+    return np.pad(x, widths, constant_values=CUT_TOKEN_OUTPUT)
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -505,6 +548,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     fail("num_train_epochs", "must be >= 0 (0: predict only)")
   if not 0.0 <= config.warmup_proportion < 1.0:
     fail("warmup_proportion", "must be in [0, 1)")
+  if not isinstance(config.length_bucket, int) or config.length_bucket < 0:
+    fail("length_bucket", "must be an integer >= 0 (0: every batch padded to max_seq_length)")
 
 
 def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
@@ -574,7 +619,9 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   step_fn = functools.partial(train_step, model=model, tx=tx, task_loss=task.loss,
                               schedule=schedule)
   p_train_step = par.compile_step(step_fn)
-  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding())
+  length_bucket = config.length_bucket
+  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding(),
+                        length_bucket)
 
   checkpointer = tc.TrainingCheckpointer(workdir, keep=1, async_save=False)
   restored_step, restored = checkpointer.restore_latest(par.abstract_state(state))
@@ -612,9 +659,15 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   start, window, window_steps = time.time(), time.time(), 0
   if num_train_steps == 0 and best_value is None:
     evaluate_and_keep_best(state, 0)
+  train_lengths = row_lengths(train.features.arrays["input_mask"])
+  train_max_length = train.features.arrays["input_ids"].shape[-1]
   while step < num_train_steps:
     index = order.batch_index(step)
-    batch = _host_slice(_rows(train.features.arrays, index, np.ones(len(index))), batch_size)
+    # The cut is decided on the global batch, so every host cuts its rows alike.
+    length = bucket_length(train_lengths[index], length_bucket, train_max_length)
+    batch = _cut_tokens(_rows(train.features.arrays, index, np.ones(len(index))), length,
+                        MODEL_INPUTS + tuple(task.token_features))
+    batch = _host_slice(batch, batch_size)
     state, metrics = p_train_step(state, par.put_batch(batch), dropout_rng)
     step += 1
     window_steps += 1

@@ -8,7 +8,7 @@ on the 2-core benchmark machine, a fifth of the step's CPU time.
 
 `keep_freed_memory()` sets three glibc options (`mallopt`) so that freed blocks stay in the
 heap and are reused: no `mmap` for large blocks (M_MMAP_MAX 0), no trimming of the heap's top
-(M_TRIM_THRESHOLD), and one arena for all threads (M_ARENA_MAX 1): a thread of a secondary
+(M_TRIM_THRESHOLD -1: never, as mallopt(3) documents), and one arena for all threads (M_ARENA_MAX 1): a thread of a secondary
 arena could only get such a block by `mmap`, so without it XLA's worker threads would keep
 faulting. Measured with the BERT-mini step: 0 faults per step instead of 230,000 and the step
 about 1.3x faster (benchmarks/RESULTS.md). The cost: the process keeps its peak heap (it does
@@ -19,7 +19,7 @@ allocation, and XLA's threads may then share one of those arenas), i.e. before T
 JAX start: `bert_jax.main` calls it first thing. A notebook kernel already runs threads of its
 own, and there it has no effect (measured: every step faulted as before); start the kernel with
 the same options in its environment instead, which glibc reads at process start:
-`MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647` (`ENVIRONMENT`).
+`MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1` (`ENVIRONMENT`).
 `BERT_JAX_KEEP_HOST_MEMORY=0` turns it off. Outside glibc (macOS, musl) it does nothing.
 """
 import ctypes
@@ -30,10 +30,13 @@ import platform
 from absl import logging
 
 # (mallopt parameter number from malloc.h, the same option's environment variable, value).
-# M_TRIM_THRESHOLD takes an int, so its largest value only trims a free heap top over 2 GiB.
+# M_TRIM_THRESHOLD -1 turns trimming off. Its largest positive value (an int: 2 GiB) is not
+# enough: a training loop that dispatches the next step before the last one ends holds two
+# steps' temporaries, and for a MiniLM-sized fine-tuning step the heap top then passed 2 GiB and
+# was trimmed and faulted in again every step (266,000 faults and ~2 s of kernel time per step).
 _OPTIONS = ((-8, "MALLOC_ARENA_MAX", 1),                 # M_ARENA_MAX
             (-4, "MALLOC_MMAP_MAX_", 0),                 # M_MMAP_MAX
-            (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1))   # M_TRIM_THRESHOLD
+            (-1, "MALLOC_TRIM_THRESHOLD_", -1))          # M_TRIM_THRESHOLD
 
 ENV_VAR = "BERT_JAX_KEEP_HOST_MEMORY"
 # The same options for a process's environment (read by glibc at start).

@@ -363,7 +363,9 @@ def get_task(config):
       write_predictions=bind(_write),
       best_metric="f1",
       eval_splits=("dev",),
-      test_splits=("test",) if config.data.get("test_file") or config.data.data_dir else ())
+      test_splits=("test",) if config.data.get("test_file") or config.data.data_dir else (),
+      token_features=("label_ids",),
+      token_outputs=("logits",))
 
 
 def run(config, workdir: str) -> Dict:

@@ -24,6 +24,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.seeds = 1                        # restarts (seed, seed+1, ...): mean / std / best
 
   c.max_seq_length = 128
+  # 0: every batch padded to max_seq_length (fixed shapes: one compilation, the original's way).
+  # N > 0: each batch cut to the smallest multiple of N holding its longest row, evaluation rows
+  # run shortest first (at most max_seq_length / N shapes compiled per step function): the same
+  # evaluation outputs with less padding computed; training draws other dropout masks.
+  c.length_bucket = 0
   c.train_batch_size = 32
   c.eval_batch_size = 64
   c.learning_rate = 2e-5

@@ -68,6 +68,27 @@ def test_pair_segments_truncation_and_pooling(features, tmp_path):
   np.testing.assert_allclose(vectors[0]["values"], token_values.mean(axis=0), atol=1e-5)
 
 
+def test_length_buckets_give_the_same_features(features, tmp_path, monkeypatch):
+  base, records = features
+  lengths, bucket_length = [], extract_features.bucket_length
+  monkeypatch.setattr(extract_features, "bucket_length",
+                      lambda *a: lengths.append(bucket_length(*a)) or lengths[-1])
+  tokenizer = tokenization.FullTokenizer(os.path.join(REAL, "vocab.txt"), do_lower_case=True)
+  output = tmp_path / "bucketed.jsonl"
+  extract_features.extract(str(base / "input.txt"), str(output), REAL, tokenizer, layers=[-1, -2],
+                           max_seq_length=32, batch_size=2, length_bucket=8)
+  assert min(lengths) < 32 and all(n % 8 == 0 for n in lengths)   # batches were cut
+  bucketed = [json.loads(line) for line in output.read_text().splitlines()]
+  for got, want in zip(bucketed, records, strict=True):
+    assert [f["token"] for f in got["features"]] == [f["token"] for f in want["features"]]
+    for f_got, f_want in zip(got["features"], want["features"]):
+      for l_got, l_want in zip(f_got["layers"], f_want["layers"], strict=True):
+        np.testing.assert_allclose(l_got["values"], l_want["values"], atol=2e-5)
+  with pytest.raises(ValueError, match="--length_bucket=-1: must be >= 0"):
+    extract_features.extract(str(base / "input.txt"), str(output), REAL, tokenizer,
+                             length_bucket=-1)
+
+
 def test_command_line_and_bad_input(tmp_path):
   source = tmp_path / "in.txt"
   source.write_text("hello world\n")
@@ -75,7 +96,7 @@ def test_command_line_and_bad_input(tmp_path):
   run = subprocess.run(
       [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={source}",
        f"--output_file={output}", f"--init_checkpoint={REAL}", "--layers=-1",
-       "--max_seq_length=16", "--pooling=cls"],
+       "--max_seq_length=16", "--pooling=cls", "--length_bucket=8"],
       capture_output=True, text=True, cwd=ROOT, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert run.returncode == 0, run.stderr[-2000:]
