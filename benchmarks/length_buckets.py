@@ -94,8 +94,8 @@ def main():
              "dev_mean_length": round(mean_length(config), 1)}
       print(json.dumps(row), flush=True)
       rows.append(row)
-  lines = ["| task | length_bucket | train examples/s | dev pass s | dev metrics | dev mean length |",
-           "|---|---|---|---|---|---|"]
+  lines = ["| task | length_bucket | train examples/s | dev pass s | dev metrics "
+           "| dev mean length |", "|---|---|---|---|---|---|"]
   for r in rows:
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(r["dev"].items()) if k != "loss")
     lines.append(f"| {r['task']} | {r['length_bucket']} | {r['train_examples_per_sec']} | "

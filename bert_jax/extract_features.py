@@ -93,7 +93,7 @@ class FeatureExtractor:
 
   def hidden_states(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
     """[B, S] numpy inputs (B <= batch_size, S <= max_seq_length) -> [L+1, B, S', H] float32
-    numpy: S' is max_seq_length, or the bucket holding the longest row (>= S)."""
+    numpy: S' is max_seq_length, or the bucket holding the longest row."""
     modeling.check_inputs(self.config, ids, segments)  # clear errors before any compilation
     rows = ids.shape[0]
     length = bucket_length(mask.sum(-1), self.length_bucket, self.max_seq_length)
