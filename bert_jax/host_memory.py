@@ -10,9 +10,10 @@ on the 2-core benchmark machine, a fifth of the step's CPU time.
 heap and are reused: no `mmap` for large blocks (M_MMAP_MAX 0), no trimming of the heap's top
 (M_TRIM_THRESHOLD -1: never, as mallopt(3) documents), and one arena for all threads
 (M_ARENA_MAX 1): a thread of a secondary arena could only get such a block by `mmap`, so without
-it XLA's worker threads would keep faulting. Measured with the BERT-mini step: 0 faults per step instead of 230,000 and the step
-about 1.3x faster (benchmarks/RESULTS.md). The cost: the process keeps its peak heap (it does
-not give memory back to the system), which a training process reaches every step anyway.
+it XLA's worker threads would keep faulting. Measured with the BERT-mini step: 0 faults per
+step instead of 230,000 and the step about 1.3x faster (benchmarks/RESULTS.md). The cost: the
+process keeps its peak heap (it does not give memory back to the system), which a training
+process reaches every step anyway.
 
 It must run before any other thread allocates (glibc gives a thread its arena at its first
 allocation, and XLA's threads may then share one of those arenas), i.e. before TensorFlow or
