@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bert_jax import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
-import jax  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax import checkpoints, finetuning, glue, length_buckets, parallel, tasks  # noqa: E402
@@ -43,8 +42,9 @@ def config_for(args, task: str, bucket: int):
   return c
 
 
-def dev_pass_seconds(config, workdir: str) -> float:
-  """One whole-dev-set prediction pass with the run's best parameters (compiled beforehand)."""
+def dev_pass(config, workdir: str):
+  """(seconds of one whole-dev-set prediction pass with the run's best parameters, compiled
+  beforehand; mean real length of the dev rows)."""
   task = glue.get_task(config)
   loaded, _ = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded)
@@ -58,15 +58,8 @@ def dev_pass_seconds(config, workdir: str) -> float:
   predictor(params, split.features, with_loss=False)                 # compiles every shape
   start = time.perf_counter()
   predictor(params, split.features, with_loss=False)
-  return time.perf_counter() - start
-
-
-def mean_length(config) -> float:
-  task = glue.get_task(config)
-  loaded, _ = checkpoints.load_pretrained(config.init_checkpoint)
-  tokenizer = finetuning.create_tokenizer(config, finetuning.bert_config_for(config, loaded))
-  split = finetuning._load_split(task, "dev", tokenizer)
-  return float(length_buckets.row_lengths(split.features.arrays["input_mask"]).mean())
+  seconds = time.perf_counter() - start
+  return seconds, float(length_buckets.row_lengths(split.features.arrays["input_mask"]).mean())
 
 
 def main():
@@ -86,12 +79,13 @@ def main():
       workdir = os.path.join(args.out, f"{task}_{bucket}")
       shutil.rmtree(workdir, ignore_errors=True)     # a workdir left over would resume
       results = tasks.run(config, workdir)
-      windows = [r["examples_per_sec"] for r in read_metrics(workdir, "train")][1:]
+      windows = [r["examples_per_sec"] for r in read_metrics(workdir, "train")]
+      windows = windows[1:] or windows      # the first window holds the compilations
+      seconds, length = dev_pass(config, workdir)
       row = {"task": task, "length_bucket": bucket,
              "train_examples_per_sec": round(statistics.median(windows), 1),
-             "dev_pass_seconds": round(dev_pass_seconds(config, workdir), 2),
-             "dev": results["dev"], "train_seconds": results["train_seconds"],
-             "dev_mean_length": round(mean_length(config), 1)}
+             "dev_pass_seconds": round(seconds, 2), "dev": results["dev"],
+             "train_seconds": results["train_seconds"], "dev_mean_length": round(length, 1)}
       print(json.dumps(row), flush=True)
       rows.append(row)
   lines = ["| task | length_bucket | train examples/s | dev pass s | dev metrics "
