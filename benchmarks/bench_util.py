@@ -34,8 +34,9 @@ def interleaved_best(fns: Dict[str, Callable[[], None]], rounds: int, steps: int
 def swapped(replacements: Iterable[Tuple[object, str, object]]):
   """Sets each (module, attribute, value) for the duration, then restores the originals.
 
-  The ablation benchmarks compile a step inside this: the model and loss look their building
-  blocks up when the step is traced, so the compiled step keeps the replacements.
+  For probes that no config option expresses (gpu_pretrain_mfu.py's `xla_no_dropout`): the step
+  is compiled inside this, and the model looks the attribute up when traced, so the compiled step
+  keeps the replacement. The kernel ablations are a config option instead (`BertConfig.kernels`).
   """
   replacements = list(replacements)
   saved = [(module, attr, getattr(module, attr)) for module, attr, _ in replacements]
@@ -61,7 +62,7 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
 
 def machine_line() -> str:
   import jax
-  from bert_jax import host_memory
+  from bert_jax.runtime import host_memory
   try:
     with open("/proc/cpuinfo") as f:
       model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")

@@ -3,18 +3,20 @@ r"""What each of bert_jax's hand-tuned building blocks is worth in a whole pre-t
   python benchmarks/cpu_step_ablation.py --size=mini --rounds=6
 
 The step of `pretrain_step_throughput.py` (seq 128, batch 32, 20 masked positions, fp32, AdamW)
-compiled several times in one process, each variant swapping one part back to the textbook
-JAX/Flax form, and timed in interleaved rounds (best round each):
+compiled several times in one process, each variant with one part back in its textbook JAX/Flax
+form through the model option `config.model.kernels` (bert_jax/model/kernels.py), and timed in
+interleaved rounds (best round each):
 
-  current           bert_jax as it is
+  current           bert_jax as it is (kernels="auto": every tuned form on CPU)
   jax_gelu, flax_dropout, plain_bias, einsum_attention, optax_xent, autodiff_dense
-                    one part in its textbook form (benchmarks/ablations.py says which)
-  textbook          all of them
+                    one part in its textbook form (kernels="<part>")
+  textbook          all of them (kernels="textbook")
 
 Micro-benchmarks of a single op mislead here: XLA fuses each op with its neighbours, so only
 the whole step says what a change is worth.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -24,24 +26,46 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/host_memory.py).
-from bert_jax import host_memory  # noqa: E402
+from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
+import jax  # noqa: E402
+
 from benchmarks import ablations, bench_util  # noqa: E402
-from benchmarks.pretrain_step_throughput import jax_step  # noqa: E402
+from benchmarks.pretrain_step_throughput import MASKED, VOCAB, make_batch  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
+from bert_jax.tasks import pretraining  # noqa: E402
+from experiments import pretraining_defaults  # noqa: E402
+
+# Float32 on CPU: cast_then_gather (the lookup's dtype under mixed precision) changes nothing
+# here, and "tuned" is "current".
+CPU_PARTS = tuple(p for p in ablations.PARTS if p != "cast_then_gather")
+VARIANTS = {name: overrides for name, overrides in ablations.kernel_variants(CPU_PARTS).items()
+            if name != "tuned"}
 
 
-# Float32 on CPU: the mixed-precision-only entries of ablations.TEXTBOOK change nothing here.
-CPU_PARTS = ("jax_gelu", "flax_dropout", "plain_bias", "einsum_attention", "optax_xent",
-             "autodiff_dense")
-VARIANTS = {"current": (), **{name: (name,) for name in CPU_PARTS}, "textbook": CPU_PARTS}
+def compiled_step(size: str, batch: int, seq: int, overrides):
+  """`pretrain_step_throughput.jax_step`'s train step with `overrides` of config.model, compiled;
+  a callable running one step."""
+  c = pretraining_defaults.get_config(size)
+  c.model.vocab_size = VOCAB
+  c.model.update(overrides)
+  c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
+  c.num_train_steps, c.warmup_steps = 1000, 10
+  model = pretraining.build_model(c)
+  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
+  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
+  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
+                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
+  batch_data = jax.device_put(make_batch(batch, seq))
+  rng = jax.random.PRNGKey(1)
+  holder = [state]
 
+  def one():
+    holder[0], metrics = step(holder[0], batch_data, rng)
+    metrics["loss"].block_until_ready()
 
-def compiled_step(size: str, batch: int, seq: int, swapped):
-  """The train step compiled with the `swapped` parts in their textbook form; a callable."""
-  with bench_util.swapped(ablations.TEXTBOOK[name] for name in swapped):
-    one = jax_step(size, batch, seq)
-    one()  # traced and compiled here, with the replacements in place
+  one()  # traced and compiled here
   return one
 
 
@@ -50,12 +74,16 @@ def main():
   parser.add_argument("--size", default="mini")
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help="comma list of: " + ",".join(VARIANTS))
   parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
   parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds; best counts")
   args = parser.parse_args()
   print(bench_util.machine_line(), flush=True)
   names = args.variants.split(",")
+  unknown = [n for n in names if n not in VARIANTS]
+  if unknown:
+    parser.error(f"unknown variants {unknown}; expected some of {list(VARIANTS)}")
   fns = {n: compiled_step(args.size, args.batch, args.seq, VARIANTS[n]) for n in names}
   seconds = bench_util.interleaved_best(fns, rounds=args.rounds, steps=args.steps)
   for name in names:

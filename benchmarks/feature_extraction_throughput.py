@@ -20,15 +20,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/host_memory.py).
-from bert_jax import host_memory  # noqa: E402
+from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax import checkpoints, modeling  # noqa: E402
-from bert_jax.config import BertConfig  # noqa: E402
+from bert_jax.io import checkpoints
+from bert_jax.model import modeling  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
 
 
 def checkpoint_dir(name: str, tmp: str) -> str:

@@ -35,7 +35,7 @@ def jax_config(args, task: str, seed: int):
   from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task}")
   c.init_checkpoint, c.data.glue_dir = checkpoint_dir(), args.glue_dir
-  c.max_seq_length, c.train_batch_size, c.eval_batch_size = args.max_seq_length, args.batch, 64
+  c.max_seq_length, c.global_batch_size, c.eval_batch_size = args.max_seq_length, args.batch, 64
   c.learning_rate, c.num_train_epochs, c.seed = args.lr, float(args.epochs), seed
   c.optimizer.bias_correction = True          # what torch.optim.AdamW does
   c.data.max_train_examples, c.data.max_eval_examples = args.train_examples, args.eval_examples
@@ -54,7 +54,9 @@ def run_jax(args, task: str, seed: int):
 def initial_head(config, task):
   """The classifier bert_jax's loop initialises for this config (same rng path)."""
   import jax
-  from bert_jax import checkpoints, finetuning, glue
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import finetuning
+  from bert_jax.tasks import glue
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, glue.get_task(config).make_head())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -68,7 +70,10 @@ def initial_head(config, task):
 def run_torch(args, task: str, seed: int):
   import torch
   import transformers
-  from bert_jax import checkpoints, finetuning, glue, optim
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import finetuning
+  from bert_jax.tasks import glue
+  from bert_jax.runtime import optim
   torch.manual_seed(seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, task, seed)
@@ -154,7 +159,7 @@ def main():
   if not os.path.isdir(args.glue_dir):
     sys.exit(f"{args.glue_dir} not found: this benchmark needs the GLUE folder (../shared/data)")
   os.makedirs(args.out, exist_ok=True)
-  from bert_jax import glue
+  from bert_jax.tasks import glue
   rows, records = [], []
   for task in args.tasks.split(","):
     spec = glue.spec_for(task)

@@ -21,10 +21,10 @@ Reported per configuration (one JSON line):
   useful_mfu   the same with only real tokens counted (padding and cross-pair attention are waste)
   vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
   real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
-`--variants` compiles the step several times in one process, each with one part swapped back to
-its textbook form (benchmarks/ablations.py), one config change, or a probe that prices a part of
-the recipe (GPU_VARIANTS: `no_hidden_dropout`, `xla_no_dropout`), and times them in the same
-interleaved rounds: the way to measure a change against main on a shared GPU.
+`--variants` compiles the step several times in one process, each with one part back in its
+textbook form (`config.model.kernels`, benchmarks/ablations.py), one config change, or a probe
+that prices a part of the recipe (GPU_VARIANTS: `no_hidden_dropout`, `xla_no_dropout`), and times
+them in the same interleaved rounds: the way to measure a change against main on a shared GPU.
 With `--packing=on` several short pairs share a row (data_pipelines/packing.py); the throughput
 that matters is then real tokens (pairs) per second, which is what the packed row is compared by.
 """
@@ -43,8 +43,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
-from bert_jax import modeling, optim, pretraining  # noqa: E402
-from bert_jax.config import BertConfig  # noqa: E402
+from bert_jax.model import modeling
+from bert_jax.runtime import optim
+from bert_jax.tasks import pretraining  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
@@ -124,11 +126,12 @@ def xla_attention_always(config, deterministic):
   return None
 
 
-# --variants: the step with one part swapped back (benchmarks/ablations.py), a config change, or
-# (module, attribute, replacement) swaps. Each is compiled in the same process and timed in the
+# --variants: (swaps, config.model overrides). The kernel ablations (benchmarks/ablations.py:
+# current, tuned, each part in textbook form, textbook) and the other model options are config
+# changes; only the xla_no_dropout probe still patches a module attribute ((module, attribute,
+# replacement) swaps, bench_util.swapped). Each is compiled in the same process and timed in the
 # same interleaved rounds.
-GPU_VARIANTS = {"current": ((), {}),
-                **{name: ((name,), {}) for name in ablations.TEXTBOOK},
+GPU_VARIANTS = {**{name: ((), changes) for name, changes in ablations.kernel_variants().items()},
                 # the model option: attention logits in bfloat16, upcast for the softmax
                 "bf16_attention_logits": ((), {"float32_attention_logits": False}),
                 # cuDNN's fused attention (it has no dropout): what a fused kernel would give
@@ -171,7 +174,7 @@ def jax_step(args, batch, variant="current"):
   device_batch = jax.device_put(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
-  with bench_util.swapped(ablations.TEXTBOOK[s] if isinstance(s, str) else s for s in swaps):
+  with bench_util.swapped(swaps):
     state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
     implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
                                                        deterministic=False)

@@ -22,20 +22,25 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import host_memory  # noqa: E402
+from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax import checkpoints, finetuning, glue, length_buckets, parallel, tasks  # noqa: E402
-from bert_jax.metric_writers import read_metrics  # noqa: E402
+from bert_jax.io import checkpoints
+from bert_jax.tasks import finetuning
+from bert_jax.tasks import glue
+from bert_jax.runtime import length_buckets
+from bert_jax import parallel
+from bert_jax import tasks  # noqa: E402
+from bert_jax.runtime.metric_writers import read_metrics  # noqa: E402
 from experiments import glue as glue_experiment  # noqa: E402
 
 
 def config_for(args, task: str, bucket: int):
   c = glue_experiment.get_config(f"task={task}")
   c.init_checkpoint, c.data.glue_dir = bench_util.minilm_checkpoint_dir(), args.glue_dir
-  c.max_seq_length, c.train_batch_size, c.eval_batch_size = args.max_seq_length, 32, 64
+  c.max_seq_length, c.global_batch_size, c.eval_batch_size = args.max_seq_length, 32, 64
   c.num_train_epochs, c.learning_rate = 1.0, 5e-5
   c.data.max_train_examples = args.train_examples
   c.log_every_steps, c.do_predict, c.length_bucket = 4, False, bucket
@@ -49,7 +54,7 @@ def dev_pass(config, workdir: str):
   loaded, _ = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
-  split = finetuning._load_split(task, "dev", tokenizer)
+  split = finetuning.load_split(task, "dev", tokenizer)
   model = finetuning.FineTuningModel(bert_config, task.make_head())
   params = finetuning.load_best(os.path.join(workdir, finetuning.BEST_DIR), bert_config)
   predictor = finetuning.Predictor(model, task, config.eval_batch_size,

@@ -23,15 +23,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/host_memory.py).
-from bert_jax import host_memory  # noqa: E402
+from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax import optim, pretraining  # noqa: E402
-from bert_jax.config import NAMED_SIZES  # noqa: E402
+from bert_jax.runtime import optim
+from bert_jax.tasks import pretraining  # noqa: E402
+from bert_jax.model.config import NAMED_SIZES  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
 VOCAB, MASKED = 30522, 20

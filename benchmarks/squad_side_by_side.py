@@ -55,7 +55,7 @@ def jax_config(args, files):
   c.init_checkpoint = checkpoint_dir()
   c.data.train_file, c.data.dev_file = files["train"], files["eval"]
   c.max_seq_length, c.doc_stride = args.max_seq_length, args.doc_stride
-  c.train_batch_size, c.eval_batch_size = args.batch, 32
+  c.global_batch_size, c.eval_batch_size = args.batch, 32
   c.learning_rate, c.num_train_epochs, c.seed = args.lr, float(args.epochs), args.seed
   c.optimizer.bias_correction = True          # what torch.optim.AdamW does
   c.data.max_train_examples, c.data.max_eval_examples = args.train_examples, args.eval_examples
@@ -73,7 +73,9 @@ def run_jax(args, files):
 def initial_head(config):
   """The span layer bert_jax's loop initialises for this config (same rng path)."""
   import jax
-  from bert_jax import checkpoints, finetuning, heads
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import finetuning
+  from bert_jax.model import heads
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, heads.SpanHead())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -85,7 +87,11 @@ def initial_head(config):
 def run_torch(args, files):
   import torch
   import transformers
-  from bert_jax import checkpoints, finetuning, optim, squad, squad_metrics
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import finetuning
+  from bert_jax.runtime import optim
+  from bert_jax.tasks import squad
+  from bert_jax.tasks import squad_metrics
   torch.manual_seed(args.seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, files)
@@ -153,7 +159,9 @@ def run_torch(args, files):
 def round_trip(args):
   """Gold answers through features -> label positions -> post-processing -> text, on every
   question of the file (no model): how often the text comes back exactly, and oracle EM/F1."""
-  from bert_jax import squad, squad_metrics, tokenization
+  from bert_jax.tasks import squad
+  from bert_jax.tasks import squad_metrics
+  from bert_jax.text import tokenization
   tokenizer = tokenization.FullTokenizer(os.path.join(checkpoint_dir(), "vocab.txt"))
   stats = squad.ReadStats()
   examples = squad.read_squad_json(args.squad, is_training=True, stats=stats)

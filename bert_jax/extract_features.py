@@ -19,14 +19,16 @@ compiled).
 import json
 import os
 import re
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 from absl import app, flags
 
-from bert_jax import checkpoints, modeling
-from bert_jax.length_buckets import bucket_length
+from bert_jax.io import checkpoints
+from bert_jax.model import modeling
+from bert_jax.runtime.length_buckets import bucket_length
+from bert_jax.text.pairs import join_pair, truncate_seq_pair
 
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
@@ -45,12 +47,6 @@ def read_examples(path: str) -> Iterator[Tuple[int, str, Optional[str]]]:
         yield index, line, None
 
 
-def truncate_seq_pair(tokens_a: List[str], tokens_b: List[str], max_length: int) -> None:
-  """The original's truncation: pop from the longer list until the pair fits."""
-  while len(tokens_a) + len(tokens_b) > max_length:
-    (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
-
-
 def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
   """[CLS] A [SEP] (B [SEP]) -> (tokens, ids, segment ids), truncated as the original."""
   tokens_a = tokenizer.tokenize(text_a)
@@ -59,11 +55,7 @@ def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
     truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
   else:
     tokens_a = tokens_a[:max_seq_length - 2]
-  tokens = ["[CLS]"] + tokens_a + ["[SEP]"]
-  segments = [0] * len(tokens)
-  if tokens_b is not None:
-    tokens += tokens_b + ["[SEP]"]
-    segments += [1] * (len(tokens_b) + 1)
+  tokens, segments = join_pair(tokens_a, tokens_b, "[CLS]", "[SEP]")
   ids = tokenizer.convert_tokens_to_ids(tokens)
   return tokens, ids, segments
 
@@ -189,7 +181,7 @@ def define_flags():
 
 def main(argv):
   del argv
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   vocab_file = FLAGS.vocab_file
   if not vocab_file and not FLAGS.spm_model_file:
     base = FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(

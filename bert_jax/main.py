@@ -7,7 +7,7 @@ import os
 import sys
 import traceback
 
-from bert_jax import host_memory
+from bert_jax.runtime import host_memory
 
 # Before any library starts a thread: each step's host temporaries are then reused, not faulted
 # in again (see bert_jax/host_memory.py; BERT_JAX_KEEP_HOST_MEMORY=0 turns it off).

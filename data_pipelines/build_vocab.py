@@ -1,6 +1,6 @@
 r"""Vocabulary training: WordPiece (the WordPiece-paper criterion) or SentencePiece (unigram / BPE).
 
-WordPiece, written as a BERT `vocab.txt` that `bert_jax.tokenization.FullTokenizer` loads:
+WordPiece, written as a BERT `vocab.txt` that `bert_jax.text.tokenization.FullTokenizer` loads:
 
   python -m data_pipelines.build_vocab --model_type=wordpiece \
     --input_files='../shared/data/text/gutenberg/*.txt' --output_dir=/tmp/vocab \
@@ -29,7 +29,7 @@ of distinct words, not with the corpus: ~11 s for the 5 MB Gutenberg set at 8k e
 TF Text's `bert_vocab_from_dataset` learns top-down; hence our own implementation.)
 
 SentencePiece models reserve BERT's special tokens at fixed ids: [PAD]=0, [UNK]=1, [CLS]=2,
-[SEP]=3, [MASK]=4, then [unused0..N-1] (`bert_jax.tokenization.SPM_SPECIAL_IDS`). With
+[SEP]=3, [MASK]=4, then [unused0..N-1] (`bert_jax.text.tokenization.SPM_SPECIAL_IDS`). With
 --do_lower_case the model itself case-folds (SentencePiece rule `nmt_nfkc_cf`).
 """
 import collections
@@ -41,7 +41,7 @@ from typing import Counter, Dict, Iterable, Iterator, List, Optional, Sequence, 
 
 from absl import app, flags, logging
 
-from bert_jax import tokenization
+from bert_jax.text import tokenization
 
 FLAGS = flags.FLAGS
 

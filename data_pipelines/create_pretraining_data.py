@@ -46,6 +46,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bert_jax.text.pairs import join_pair, truncate_seq_pair  # noqa: F401 (public here too)
 from data_pipelines import features as F
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
@@ -95,20 +96,6 @@ class Instance:
   tokens_b: List[int]
   is_random_next: bool
   truncated_tokens: int
-
-
-def truncate_seq_pair(tokens_a: List[int], tokens_b: List[int], max_num_tokens: int,
-                      rng: random.Random) -> int:
-  """The original: trim the longer segment (B on a tie) from a random end. Returns tokens cut."""
-  removed = 0
-  while len(tokens_a) + len(tokens_b) > max_num_tokens:
-    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-    if rng.random() < 0.5:
-      del trunc[0]
-    else:
-      trunc.pop()
-    removed += 1
-  return removed
 
 
 def instances_from_document(all_documents: Sequence[Document], document_index: int,
@@ -175,11 +162,10 @@ def instance_arrays(instances: Sequence[Instance], max_seq_length: int, cls_id: 
   segments = np.zeros((n, max_seq_length), np.int64)
   labels = np.zeros((n, 1), np.int64)
   for row, inst in enumerate(instances):
-    tokens = [cls_id] + inst.tokens_a + [sep_id] + inst.tokens_b + [sep_id]
-    len_a = len(inst.tokens_a) + 2
+    tokens, segment_ids = join_pair(inst.tokens_a, inst.tokens_b, cls_id, sep_id)
     ids[row, :len(tokens)] = tokens
     mask[row, :len(tokens)] = 1
-    segments[row, len_a:len(tokens)] = 1
+    segments[row, :len(tokens)] = segment_ids
     labels[row, 0] = F.NOT_NEXT if inst.is_random_next else F.IS_NEXT
   return {F.INPUT_IDS: ids, F.INPUT_MASK: mask, F.SEGMENT_IDS: segments,
           F.NEXT_SENTENCE_LABELS: labels}
@@ -568,7 +554,7 @@ def _init_worker(tokenizer_kwargs, options, bucket_dir, num_buckets):
   global _WORKER
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ["CUDA_VISIBLE_DEVICES"] = ""  # TensorFlow must not take an accelerator
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   tokenizer = tokenization.create_tokenizer(**tokenizer_kwargs)
   _WORKER = _BlockWorker(tokenizer, options, bucket_dir, num_buckets)
 
@@ -698,7 +684,7 @@ def main(argv):
     raise app.UsageError("Give --input_file or --tfds_name")
   import tensorflow as tf
   tf.config.set_visible_devices([], "GPU")
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   tokenizer = tokenization.create_tokenizer(vocab_file=FLAGS.vocab_file,
                                             spm_model_file=FLAGS.spm_model_file,
                                             do_lower_case=FLAGS.do_lower_case)

@@ -81,7 +81,7 @@ def prepare(config, workdir: str) -> None:
   `config.model.vocab_size` to the learned vocabulary's size. A later run (e.g. a resume) finds
   the files and reuses them, so the data never changes under a running experiment.
   """
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   from data_pipelines import build_vocab, create_pretraining_data
   data_dir = os.path.join(workdir, "data")
   done = os.path.join(data_dir, "DONE")

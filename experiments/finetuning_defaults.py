@@ -5,13 +5,14 @@ warm-up over the first 10% of steps, dropout 0.1. Experiments override what diff
 """
 import ml_collections
 
-from bert_jax.optim import default_optimizer_config
+from bert_jax.runtime import config_names
+from bert_jax.runtime.optim import default_optimizer_config
 from experiments.pretraining_defaults import parse_arg  # noqa: F401  (re-exported for experiments)
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = ""                        # the runner in bert_jax/tasks.py: glue | glue_all | swag
+  c.task = ""                        # the runner in bert_jax/tasks/__init__.py: glue | glue_all | swag
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
   c.vocab_file = ""                  # default: vocab.txt beside the checkpoint
   c.spm_model_file = ""              # SentencePiece model instead of a WordPiece vocab
@@ -29,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # run shortest first (at most max_seq_length / N shapes compiled per step function): the same
   # evaluation outputs with less padding computed; training draws other dropout masks.
   c.length_bucket = 0
-  c.train_batch_size = 32
+  c.global_batch_size = 32           # examples per step, all hosts together
   c.eval_batch_size = 64
   c.learning_rate = 2e-5
   c.num_train_epochs = 3.0
@@ -38,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
   c.parallelism = "jit"              # jit over the device mesh | pmap
   # Tensor parallelism (jit only), as in pre-training: the encoder and its Adam moments are split
-  # along the mesh's `model` axis (train_batch_size must divide by device_count / this).
+  # along the mesh's `model` axis (global_batch_size must divide by device_count / this).
   c.model_parallelism = 1
   c.logical_axis_rules = ()          # () = bert_jax.sharding.DEFAULT_RULES
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
@@ -51,6 +52,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 0       # resume points between evaluations (0: at evaluations)
   c.do_predict = True                # predict the test splits (submission files) at the end
 
+  c.grad_accum_steps = 1             # micro-batches per update (same update as the batch)
+  c.max_consecutive_skips = 10       # abort after this many non-finite steps in a row
+  config_names.reserve(c)            # train_batch_size: an error naming global_batch_size
+
   c.data = ml_collections.ConfigDict()
   c.data.max_train_examples = 0      # >0: the first N training examples only (quick runs)
   c.data.max_eval_examples = 0       # >0: the first N examples of each eval split
@@ -60,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
 def quick(c: ml_collections.ConfigDict) -> None:
   """A few steps on a few examples: what the tests run, with the real code paths."""
   c.max_seq_length = 32
-  c.train_batch_size, c.eval_batch_size = 4, 8
+  c.global_batch_size, c.eval_batch_size = 4, 8
   c.num_train_epochs = 2.0
   c.learning_rate = 1e-4
   c.log_every_steps = 2

@@ -36,7 +36,7 @@ def get_config(arg=None):
   c.do_lower_case = True
   c.max_seq_length = 128
   c.learning_rate = 5e-5
-  c.train_batch_size = 32
+  c.global_batch_size = 32
   c.num_train_epochs = 3.0
   c.document_context = False           # fill rows with the document's neighbouring sentences
   c.data.scheme = args["scheme"] or ("iob1" if c.dataset == "conll2003" else "iob2")

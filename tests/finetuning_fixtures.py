@@ -12,8 +12,9 @@ from typing import Dict, List
 import jax
 import numpy as np
 
-from bert_jax import checkpoints, modeling
-from bert_jax.config import BertConfig
+from bert_jax.io import checkpoints
+from bert_jax.model import modeling
+from bert_jax.model.config import BertConfig
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ("the a cat dog sat ran on under mat tree good bad movie film is was not very "

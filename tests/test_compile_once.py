@@ -4,7 +4,9 @@ import functools
 import jax
 import pytest
 
-from bert_jax import optim, parallel, pretraining
+from bert_jax.runtime import optim
+from bert_jax import parallel
+from bert_jax.tasks import pretraining
 from tests.test_train_step import synthetic_batch, tiny_config
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import tokenization
+from bert_jax.text import tokenization
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import features as F
 

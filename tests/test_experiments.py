@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from bert_jax import pretraining
-from bert_jax.metric_writers import read_metrics
+from bert_jax.tasks import pretraining
+from bert_jax.runtime.metric_writers import read_metrics
 
 
 def _config(name, arg="quick"):

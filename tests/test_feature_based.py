@@ -7,7 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoints, feature_based, modeling, ner, tasks, tokenization
+from bert_jax.io import checkpoints
+from bert_jax.tasks import feature_based
+from bert_jax.model import modeling
+from bert_jax.tasks import ner
+from bert_jax import tasks
+from bert_jax.text import tokenization
 from experiments import ner_feature_based as experiment
 from tests import finetuning_fixtures as fx
 

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from bert_jax import checkpoints, finetuning, glue, heads, tasks
-from bert_jax.metric_writers import read_metrics
+from bert_jax.io import checkpoints
+from bert_jax.tasks import finetuning
+from bert_jax.tasks import glue
+from bert_jax.model import heads
+from bert_jax import tasks
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from experiments import glue as glue_experiment
 from experiments import glue_all as glue_all_experiment
 from tests import finetuning_fixtures as fx
@@ -115,7 +119,7 @@ def test_best_checkpoint_is_selected_by_the_task_metric_and_a_rerun_resumes(data
   # Running the same command again finds the final checkpoint and only re-predicts.
   capsys.readouterr()
   again = finetuning.train_and_evaluate(base, config, workdir)
-  assert "resumed at step 6" in capsys.readouterr().out
+  assert "Resumed from the checkpoint at step 6" in capsys.readouterr().out
   assert again["best_step"] == 4
   assert open(os.path.join(workdir, "dev_predictions.tsv")).read() == first_predictions
   assert len(read_metrics(workdir, "eval")) == 3   # no duplicated lines after the resume
@@ -197,8 +201,8 @@ def test_real_checkpoint_end_to_end(data, tmp_path):
 
 
 def test_left_to_right_ablation_fine_tunes_with_causal_attention():
-  from bert_jax import finetuning
-  from bert_jax.config import BertConfig
+  from bert_jax.tasks import finetuning
+  from bert_jax.model.config import BertConfig
   from experiments import glue as glue_experiment
   config = glue_experiment.get_config("task=mrpc,quick")
   pretrained = BertConfig.named("tiny")
@@ -237,7 +241,8 @@ def test_run_killed_mid_training_resumes_to_the_same_result(data, monkeypatch, c
   reference = tasks.run(config(), reference_dir)
   assert reference["num_train_steps"] > 3, "the kill must land mid-training"
 
-  save = finetuning.tc.TrainingCheckpointer.save
+  from bert_jax.io import training_checkpoints
+  save = training_checkpoints.TrainingCheckpointer.save
 
   def save_then_die(self, step, *args, **kwargs):
     saved = save(self, step, *args, **kwargs)
@@ -245,15 +250,15 @@ def test_run_killed_mid_training_resumes_to_the_same_result(data, monkeypatch, c
       raise _Killed()
     return saved
 
-  monkeypatch.setattr(finetuning.tc.TrainingCheckpointer, "save", save_then_die)
+  monkeypatch.setattr(training_checkpoints.TrainingCheckpointer, "save", save_then_die)
   with pytest.raises(_Killed):
     tasks.run(config(), killed_dir)
   monkeypatch.undo()
   capsys.readouterr()
   resumed = tasks.run(config(), killed_dir)
-  assert "resumed at step 3" in capsys.readouterr().out
+  assert "Resumed from the checkpoint at step 3" in capsys.readouterr().out
 
-  without_time = lambda records: [{k: v for k, v in r.items() if k != "examples_per_sec"}
+  without_time = lambda records: [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
                                   for r in records]
   assert without_time(read_metrics(killed_dir)) == without_time(read_metrics(reference_dir))
   drop = lambda r: {k: v for k, v in r.items() if k != "train_seconds"}

@@ -1,4 +1,4 @@
-"""bert_jax.host_memory: freed large blocks stay in the process instead of being faulted in again.
+"""bert_jax.runtime.host_memory: freed large blocks stay in the process instead of being faulted in again.
 
 Each check runs in a fresh interpreter: the glibc options are process-wide and must be set before
 other threads allocate.
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bert_jax import host_memory
+from bert_jax.runtime import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # faults per round after the first.
 _ROUNDS = r"""
 import ctypes, os, resource
-from bert_jax import host_memory
+from bert_jax.runtime import host_memory
 kept = host_memory.keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

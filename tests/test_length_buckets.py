@@ -6,9 +6,15 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import finetuning, glue, ner, squad, swag, tasks, tokenization
-from bert_jax.length_buckets import bucket_length, row_lengths
-from bert_jax.metric_writers import read_metrics
+from bert_jax.tasks import finetuning
+from bert_jax.tasks import glue
+from bert_jax.tasks import ner
+from bert_jax.tasks import squad
+from bert_jax.tasks import swag
+from bert_jax import tasks
+from bert_jax.text import tokenization
+from bert_jax.runtime.length_buckets import bucket_length, row_lengths
+from bert_jax.runtime.metric_writers import read_metrics
 from experiments import glue as glue_experiment
 from experiments import ner as ner_experiment
 from experiments import squad as squad_experiment
@@ -79,12 +85,12 @@ TASKS = {"mrpc": _glue, "swag": _swag, "ner": _ner,
 
 
 def _record_lengths(monkeypatch):
-  """The token-axis length of every batch the loop hands on (spied at `_host_slice`)."""
-  lengths, host_slice = [], finetuning._host_slice
+  """The token-axis length of every batch the loop hands on (spied at `host_slice`)."""
+  lengths, host_slice = [], finetuning.host_slice
   def spy(batch, global_batch):
     lengths.append(batch["input_ids"].shape[-1])
     return host_slice(batch, global_batch)
-  monkeypatch.setattr(finetuning, "_host_slice", spy)
+  monkeypatch.setattr(finetuning, "host_slice", spy)
   return lengths
 
 
@@ -111,9 +117,9 @@ def test_cut_batches_predict_what_fixed_shapes_predict(name, data, monkeypatch):
   loaded, _ = finetuning.checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
-  split = finetuning._load_split(task, "dev", tokenizer)
+  split = finetuning.load_split(task, "dev", tokenizer)
   model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states)
-  sample = finetuning._rows(split.features.arrays, np.zeros(1, np.int64), np.ones(1))
+  sample = finetuning.select_rows(split.features.arrays, np.zeros(1, np.int64), np.ones(1))
   params = model.init(jax.random.PRNGKey(1), sample)["params"]
   mesh = jax.sharding.Mesh(jax.devices(), ("data",))
   lengths = _record_lengths(monkeypatch)

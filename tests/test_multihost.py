@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import checkpoints, pretraining
-from bert_jax.metric_writers import read_metrics
+from bert_jax.io import checkpoints
+from bert_jax.tasks import pretraining
+from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +182,7 @@ def test_fine_tuning_across_two_processes_with_model_parallelism(tmp_path):
   glue_dir = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=16, dev=10, test=5))
   ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
   settings = {"init_checkpoint": ckpt, "data.glue_dir": glue_dir, "max_seq_length": 16,
-              "eval_batch_size": 4, "train_batch_size": 8}
+              "eval_batch_size": 4, "global_batch_size": 8}
   workdir = str(tmp_path / "multi")
   out = _launch("experiments/glue.py:task=mrpc,quick", workdir, "--config.model_parallelism=2",
                 *(f"--config.{k}={v}" for k, v in settings.items()), devices_per_process=2)
@@ -189,7 +190,7 @@ def test_fine_tuning_across_two_processes_with_model_parallelism(tmp_path):
 
   config = glue_experiment.get_config("task=mrpc,quick")
   config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir
-  config.max_seq_length, config.eval_batch_size, config.train_batch_size = 16, 4, 8
+  config.max_seq_length, config.eval_batch_size, config.global_batch_size = 16, 4, 8
   tasks.run(config, str(tmp_path / "single"))
   multi, single = read_metrics(workdir), read_metrics(str(tmp_path / "single"))
   assert [(r["step"], r["split"]) for r in multi] == [(r["step"], r["split"]) for r in single]

@@ -7,8 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax import ner, tasks, tokenization
-from bert_jax.heads import IGNORE_LABEL
+from bert_jax.tasks import ner
+from bert_jax import tasks
+from bert_jax.text import tokenization
+from bert_jax.model.heads import IGNORE_LABEL
 from experiments import ner as ner_experiment
 from tests import finetuning_fixtures as fx
 

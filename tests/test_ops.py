@@ -1,11 +1,17 @@
-"""bert_jax.ops: each building block computes the function it replaces, gradients included."""
+"""bert_jax.model.ops: each building block computes the function it replaces, gradients included;
+bert_jax.model.kernels: the config option that picks them, and a whole model that computes the same
+outputs and gradients with the tuned and the textbook forms."""
+import functools
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import ops
+from bert_jax.model import kernels, modeling, ops
+from bert_jax.model.config import BertConfig
 
 
 def test_gelu_equals_the_exact_gelu_and_its_gradient():
@@ -88,17 +94,19 @@ def test_add_bias_gradients_equal_the_broadcast_add():
   assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.float32
 
 
+@pytest.mark.parametrize("transpose_wide_grad", [True, False], ids=["cpu_orientation", "plain"])
 @pytest.mark.parametrize("shape", [(6, 8, 12, 5), (6, 8, 5, 12), (7, 12, 5), (4, 3, 2, 12, 5)])
-def test_dense_dot_general_values_and_gradients_equal_lax_dot_general(shape):
-  """[..., K] x [K, N] for K > N (the transposed kernel-gradient path on CPU) and K < N."""
+def test_dense_dot_general_values_and_gradients_equal_lax_dot_general(shape, transpose_wide_grad):
+  """[..., K] x [K, N] for K > N (the transposed kernel-gradient path, CPU) and K < N."""
   *lead, k, n = shape
   x = jax.random.normal(jax.random.PRNGKey(0), (*lead, k))
   kernel = jax.random.normal(jax.random.PRNGKey(1), (k, n))
   numbers = (((x.ndim - 1,), (0,)), ((), ()))
+  dense = functools.partial(ops.dense_dot_general, transpose_wide_grad=transpose_wide_grad)
   loss = lambda dot: lambda x, w: (jnp.sin(dot(x, w, numbers)) ** 2).sum()
-  np.testing.assert_allclose(ops.dense_dot_general(x, kernel, numbers),
+  np.testing.assert_allclose(dense(x, kernel, numbers),
                              jax.lax.dot_general(x, kernel, numbers), rtol=1e-6, atol=1e-6)
-  ours = jax.jit(jax.grad(loss(ops.dense_dot_general), (0, 1)))(x, kernel)
+  ours = jax.jit(jax.grad(loss(dense), (0, 1)))(x, kernel)
   reference = jax.grad(loss(jax.lax.dot_general), (0, 1))(x, kernel)
   for a, b in zip(ours, reference):
     assert a.shape == b.shape
@@ -119,7 +127,7 @@ def test_dense_dot_general_keeps_dtypes_and_passes_other_contractions_through():
                              jax.lax.dot_general(x.astype(jnp.float32), y, batched), rtol=1e-6)
   # And nn.Dense with it gives the same outputs and parameter gradients as without.
   inputs = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 8))
-  plain, ours = nn.Dense(4), nn.Dense(4, dot_general=ops.dense_dot_general)
+  plain, ours = nn.Dense(4), nn.Dense(4, dot_general=kernels.select("tuned").dense_dot_general)
   params = plain.init(jax.random.PRNGKey(4), inputs)
   grad = lambda layer: jax.grad(lambda p: (layer.apply(p, inputs) ** 2).sum())(params)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
@@ -152,3 +160,93 @@ def test_softmax_cross_entropy_is_minus_log_softmax_at_the_label_with_its_gradie
                              ops.softmax_cross_entropy(low.astype(jnp.float32), labels)[0])
   low_grad = jax.grad(lambda x: ops.softmax_cross_entropy(x, labels)[0].sum())(low)
   assert low_grad.dtype == jnp.bfloat16
+
+
+# ----------------------------------------------------------------------- the kernels option
+
+
+def test_auto_is_every_tuned_form_on_cpu_and_the_measured_choice_elsewhere():
+  assert jax.default_backend() == "cpu"
+  assert kernels.textbook_parts("auto") == frozenset()
+  auto = kernels.select("auto")
+  assert auto.gelu is ops.gelu and auto.Dropout is ops.Dropout and auto.add_bias is ops.add_bias
+  assert auto.attention is ops.xla_attention and auto.word_lookup is ops.word_lookup
+  assert auto.softmax_cross_entropy is ops.softmax_cross_entropy
+  assert auto.dense_dot_general.func is ops.dense_dot_general
+  assert auto.dense_dot_general.keywords == {"transpose_wide_grad": True}   # CPU orientation
+  assert kernels.textbook_parts("auto", "gpu") == {"plain_bias", "optax_xent"}
+  assert kernels.select("auto", "gpu").dense_matmul.keywords == {"transpose_wide_grad": False}
+  assert kernels.textbook_parts("auto", "tpu") == frozenset()               # unmeasured: tuned
+  assert kernels.textbook_parts("textbook", "cpu") == set(kernels.PARTS)
+  assert kernels.textbook_parts("tuned", "gpu") == frozenset()
+  assert kernels.textbook_parts("tuned,plain_bias", "cpu") == {"plain_bias"}
+  assert kernels.textbook_parts("jax_gelu", "gpu") == {"jax_gelu", "plain_bias", "optax_xent"}
+  textbook = kernels.select("textbook")
+  assert textbook.Dropout is nn.Dropout and textbook.dense_dot_general is jax.lax.dot_general
+
+
+@pytest.mark.parametrize("spec", ["tuned,textbook", "fast", "auto,gelu"])
+def test_an_unknown_kernels_choice_fails_on_the_config(spec):
+  with pytest.raises(ValueError, match="BertConfig.kernels"):
+    BertConfig(kernels=spec)
+
+
+def test_kernels_is_a_runtime_field_that_round_trips(tmp_path):
+  config = BertConfig.named("tiny", kernels="tuned,plain_bias,optax_xent")
+  assert "kernels" in BertConfig.RUNTIME_FIELDS
+  assert BertConfig.from_dict(config.to_dict()) == config
+  config.to_json_file(str(tmp_path / "run.json"), include_runtime=True)
+  assert BertConfig.from_json_file(str(tmp_path / "run.json")) == config
+  # A checkpoint's bert_config.json does not carry it; reading one gives the default.
+  config.to_json_file(str(tmp_path / "bert_config.json"))
+  assert "kernels" not in json.loads((tmp_path / "bert_config.json").read_text())
+  assert BertConfig.from_json_file(str(tmp_path / "bert_config.json")).kernels == "auto"
+
+
+B, S, P, V = 3, 10, 4, 61
+
+
+def _pretraining_loss_and_grads(spec: str, deterministic: bool = True):
+  """Loss (MLM + NSP through the spec's cross-entropy) and parameter gradients of a tiny model."""
+  config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=48, max_position_embeddings=S, kernels=spec)
+  model = modeling.BertForPreTraining(config)
+  params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+  rng = np.random.RandomState(0)
+  ids = jnp.asarray(rng.randint(5, V, size=(B, S)))
+  mask = jnp.asarray(np.arange(S)[None] < np.array([[S], [7], [5]]), jnp.int32)      # [B, S]
+  segments = jnp.asarray(np.arange(S)[None] >= 3, jnp.int32) * mask
+  positions = jnp.asarray(np.sort(np.stack([rng.choice(np.arange(1, 5), P, replace=False)
+                                            for _ in range(B)]), axis=1))             # [B, P]
+  labels = jnp.asarray(rng.randint(0, V, size=(B, P)))
+  nsp_labels = jnp.asarray([0, 1, 1])
+  xent = lambda logits, y: kernels.softmax_cross_entropy(logits, y, spec)[0]
+
+  def loss(params):
+    outputs = model.apply({"params": params}, ids, mask, segments, masked_lm_positions=positions,
+                          deterministic=deterministic, rngs={"dropout": jax.random.PRNGKey(1)})
+    return (jnp.mean(xent(outputs["mlm_logits"], labels)) +
+            jnp.mean(xent(outputs["nsp_logits"], nsp_labels)),
+            outputs["sequence_output"])                                             # [B, S, H]
+
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("spec", ["textbook"] + list(kernels.PARTS))
+def test_a_model_computes_the_same_outputs_and_gradients_with_textbook_and_tuned_forms(spec):
+  (loss, out), grads = _pretraining_loss_and_grads(spec)
+  (tuned_loss, tuned_out), tuned_grads = _pretraining_loss_and_grads("tuned")
+  np.testing.assert_allclose(out, tuned_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(loss, tuned_loss, rtol=1e-6)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
+                          jax.tree_util.tree_leaves(tuned_grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_textbook_model_trains_with_flax_dropout():
+  """Dropout on: flax's Dropout draws other masks than ops.Dropout, so only the plumbing is
+  compared (the 'dropout' RNG stream reaches it; the loss moves from the deterministic one)."""
+  (loss, _), grads = _pretraining_loss_and_grads("textbook", deterministic=False)
+  (deterministic_loss, _), _ = _pretraining_loss_and_grads("textbook")
+  assert np.isfinite(loss) and loss != deterministic_loss
+  assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))

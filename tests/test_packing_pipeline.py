@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import pretraining, tokenization
-from bert_jax.metric_writers import read_metrics
+from bert_jax.tasks import pretraining
+from bert_jax.text import tokenization
+from bert_jax.runtime.metric_writers import read_metrics
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import input_pipeline, masking, packing
 from tests import pretraining_fixtures as fx

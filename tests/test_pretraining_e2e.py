@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import checkpoints, pretraining
-from bert_jax.metric_writers import TIMING_FIELDS, read_metrics
+from bert_jax.io import checkpoints
+from bert_jax.tasks import pretraining
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from tests import pretraining_fixtures as fx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,10 @@ import shutil
 
 import pytest
 
-from bert_jax import squad, squad_metrics, tasks, tokenization
+from bert_jax.tasks import squad
+from bert_jax.tasks import squad_metrics
+from bert_jax import tasks
+from bert_jax.text import tokenization
 from experiments import squad as squad_experiment
 from tests import finetuning_fixtures as fx
 

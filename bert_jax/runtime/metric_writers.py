@@ -4,14 +4,20 @@ Each JSON line is `{"step": int, "split": "train"|"eval", "loss": float, "mlm_ac
 "nsp_accuracy": ..., ...}`. On resume the file is cut back to the restored step, so a run that was
 killed and restarted leaves exactly the lines of an uninterrupted run (no duplicates, no torn
 last line).
+
+On a local disk every line is appended as it is logged. On Cloud Storage (objects cannot be
+appended to) the lines are kept and the file is rewritten whole at `flush()`, which the training
+loop calls with every checkpoint: lines logged after the last checkpoint are logged again by the
+resumed run anyway.
 """
 import json
 import math
-import os
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
-import jax
 from absl import logging
+
+from bert_jax.io import filesystem
+from bert_jax.runtime import outputs
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -19,6 +25,7 @@ METRICS_FILE = "metrics.jsonl"
 # first window is shorter: pairs_per_row averages other steps); everything else is a pure
 # function of the run.
 TIMING_FIELDS = ("sequences_per_sec", "tokens_per_sec", "real_tokens_per_sec", "steps_per_sec",
+                 "examples_per_sec",
                  "pairs_per_row")
 
 
@@ -29,11 +36,11 @@ def _clean(value):
 
 def read_metrics(workdir: str, split: Optional[str] = None):
   """The records of `metrics.jsonl` (skipping a torn last line)."""
-  path = os.path.join(workdir, METRICS_FILE)
+  path = filesystem.join(workdir, METRICS_FILE)
   records = []
-  if not os.path.exists(path):
+  if not filesystem.exists(path):
     return records
-  with open(path, encoding="utf-8") as f:
+  with filesystem.open(path) as f:
     for line in f:
       try:
         record = json.loads(line)
@@ -48,34 +55,36 @@ class MetricWriter:
   """Writes on process 0 only; a no-op elsewhere."""
 
   def __init__(self, workdir: str, resume_step: int = 0):
-    self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, METRICS_FILE)
+    self.enabled = outputs.is_writer()
+    self.path = filesystem.join(workdir, METRICS_FILE)
+    self._buffered = filesystem.is_url(self.path)   # whole-file rewrites at flush()
+    self._lines: List[str] = []
     self._tb = None
     if not self.enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self._truncate_after(resume_step)
+    filesystem.makedirs(workdir)
+    self._truncate_after(workdir, resume_step)
     try:
       import tensorflow as tf
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+      self._tb = tf.summary.create_file_writer(filesystem.join(workdir, "tensorboard"))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("TensorBoard summaries disabled: %s", e)
 
-  def _truncate_after(self, step: int) -> None:
-    kept = [r for r in read_metrics(os.path.dirname(self.path)) if r["step"] <= step]
-    with open(self.path + ".tmp", "w", encoding="utf-8") as f:
-      for record in kept:
-        f.write(json.dumps(record) + "\n")
-    os.replace(self.path + ".tmp", self.path)
+  def _truncate_after(self, workdir: str, step: int) -> None:
+    self._lines = [json.dumps(r) + "\n" for r in read_metrics(workdir) if r["step"] <= step]
+    filesystem.write_text(self.path, "".join(self._lines))
 
   def write(self, step: int, split: str, metrics: Dict[str, float]) -> None:
     if not self.enabled:
       return
     record = {"step": int(step), "split": split}
     record.update({k: _clean(v) for k, v in sorted(metrics.items())})
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record) + "\n")
-      f.flush()
+    line = json.dumps(record) + "\n"
+    if self._buffered:
+      self._lines.append(line)
+    else:
+      with filesystem.open(self.path, "a") as f:
+        f.write(line)
     if self._tb is not None:
       import tensorflow as tf
       with self._tb.as_default(step=int(step)):
@@ -90,6 +99,12 @@ class MetricWriter:
     shown = " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
     print(f"[{split}] step {step}/{total} {shown}", flush=True)
 
+  def flush(self) -> None:
+    """Makes every logged line durable (Cloud Storage: rewrites the file whole)."""
+    if self.enabled and self._buffered:
+      filesystem.write_text(self.path, "".join(self._lines))
+
   def close(self) -> None:
+    self.flush()
     if self._tb is not None:
       self._tb.close()

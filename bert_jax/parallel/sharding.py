@@ -6,7 +6,7 @@ for the global mesh, and each host contributes its own slice of the global batch
 
 Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: the mesh is
 (data = devices / model_parallelism, model). Parameters carry logical axis names
-(`nn.with_logical_partitioning` in `bert_jax.modeling`); one table of rules
+(`nn.with_logical_partitioning` in `bert_jax.model.modeling`); one table of rules
 (`DEFAULT_RULES`, or `config.logical_axis_rules`) maps them onto mesh axes, and every leaf of the
 train state that mirrors a parameter (Adam/LAMB moments) is placed like that parameter.
 """

@@ -1,7 +1,7 @@
 """Pretrained checkpoints in, and out: Hugging Face, Google TF, and this project's own.
 
 `load_pretrained(path)` returns `(BertConfig, params)` where `params` is the parameter tree of
-`bert_jax.modeling.BertForPreTraining` in the per-layer layout (`bert/encoder/layer_{i}/...`):
+`bert_jax.model.modeling.BertForPreTraining` in the per-layer layout (`bert/encoder/layer_{i}/...`):
 `params["bert"]` feeds `BertModel`, `params["cls"]` (present only if the source has the
 pre-training heads) the MLM and NSP heads. Every tensor is checked against the shapes the config
 implies; a missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
@@ -20,8 +20,8 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from bert_jax import modeling
-from bert_jax.config import BertConfig
+from bert_jax.model import modeling
+from bert_jax.model.config import BertConfig
 
 Flat = Dict[str, np.ndarray]
 
@@ -378,8 +378,24 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
     return _load_tf_checkpoint(prefix, tf_gelu_approximate)
   if fmt == "own":
     return _load_own(path)
-  from bert_jax import training_checkpoints  # workdir: only needed with a training run
-  return training_checkpoints.load_params_from_workdir(path)
+  return load_params_from_workdir(path)
+
+
+def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:
+  """(BertConfig, params) from the newest checkpoint of a training workdir (e.g. phase 1)."""
+  from bert_jax.io import training_checkpoints  # workdir: only needed with a training run
+  config = BertConfig.from_json_file(os.path.join(workdir, training_checkpoints.BERT_CONFIG))
+  checkpointer = training_checkpoints.TrainingCheckpointer(workdir, async_save=False)
+  try:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{workdir} has no complete checkpoint under checkpoints/")
+    params = checkpointer.restore_params(step)
+  finally:
+    checkpointer.close()
+  flat = flatten(_per_layer(params, config))
+  logging.info("Loaded params of step %d from %s", step, workdir)
+  return config, check_and_unflatten(flat, config, f"{workdir} (step {step})")
 
 
 def missing_heads(params: Dict) -> List[str]:

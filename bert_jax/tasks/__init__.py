@@ -7,13 +7,13 @@ import importlib
 
 # config.task -> (module, function(config, workdir))
 RUNNERS = {
-    "pretraining": ("bert_jax.pretraining", "train_and_evaluate"),
-    "glue": ("bert_jax.glue", "run"),
-    "glue_all": ("bert_jax.glue", "run_all"),
-    "swag": ("bert_jax.swag", "run"),
-    "squad": ("bert_jax.squad", "run"),
-    "ner": ("bert_jax.ner", "run"),
-    "ner_feature_based": ("bert_jax.feature_based", "run"),
+    "pretraining": ("bert_jax.tasks.pretraining", "train_and_evaluate"),
+    "glue": ("bert_jax.tasks.glue", "run"),
+    "glue_all": ("bert_jax.tasks.glue", "run_all"),
+    "swag": ("bert_jax.tasks.swag", "run"),
+    "squad": ("bert_jax.tasks.squad", "run"),
+    "ner": ("bert_jax.tasks.ner", "run"),
+    "ner_feature_based": ("bert_jax.tasks.feature_based", "run"),
 }
 
 

@@ -1,6 +1,6 @@
 """The feature-based approach (paper section 5.3, Table 7): a frozen BERT feeds a BiLSTM tagger.
 
-1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.ner`,
+1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.tasks.ner`,
    optionally with document context) and the hidden states of every layer (embeddings + L
    layers) at each word's first WordPiece are cached on disk as float16
    (`CACHE_DIR/<split>.npz`, keyed by checkpoint, data and settings). The encoder gets no
@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import time
 from typing import Dict, List, Sequence, Tuple
 
@@ -30,8 +29,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpoints, finetuning, heads, modeling, ner, ops, optim
-from bert_jax.heads import IGNORE_LABEL
+from bert_jax import parallel
+from bert_jax.io import checkpoints, filesystem
+from bert_jax.tasks import finetuning
+from bert_jax.model import heads
+from bert_jax.model import modeling
+from bert_jax.tasks import ner
+from bert_jax.model import ops
+from bert_jax.runtime import optim, outputs
+from bert_jax.runtime.loop import LoopSettings, Trainer
+from bert_jax.runtime.metric_writers import read_metrics
+from bert_jax.runtime.state import TrainState
+from bert_jax.model.heads import IGNORE_LABEL
 
 # choice -> (layers used: indices into [embeddings, layer 1, ..., layer L], how to combine).
 # Written for L layers; "weighted_sum_all" is over the L Transformer layers (the paper's 12).
@@ -157,15 +166,18 @@ def extract(bert_config, encoder_params, tokenizer, sentences: Sequence[ner.Sent
 def cached_extract(cache_dir: str, key: Dict, **kwargs) -> WordFeatures:
   """`extract` once per (checkpoint, data, settings): CACHE_DIR/<split>-<hash>.npz."""
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-  path = os.path.join(cache_dir, f"{key['split']}-{digest}.npz")
-  if os.path.exists(path):
-    with np.load(path) as data:
+  path = filesystem.join(cache_dir, f"{key['split']}-{digest}.npz")
+  if filesystem.exists(path):
+    with filesystem.open(path, "rb") as f, np.load(f) as data:
       return WordFeatures(data["vectors"], data["offsets"], data["label_ids"])
   features = extract(**kwargs)
-  os.makedirs(cache_dir, exist_ok=True)
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, vectors=features.vectors, offsets=features.offsets, label_ids=features.label_ids)
-  os.replace(tmp, path)
+  if outputs.is_writer():
+    filesystem.makedirs(cache_dir)
+    tmp = path + ".tmp"
+    with filesystem.open(tmp, "wb") as f:   # renamed when whole: a reader never sees half
+      np.savez(f, vectors=features.vectors, offsets=features.offsets,
+               label_ids=features.label_ids)
+    filesystem.rename(tmp, path)
   return features
 
 
@@ -199,49 +211,60 @@ def make_batch(features: WordFeatures, layers: Sequence[int], sentences: np.ndar
 
 def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
                  dev_sentences: Sequence[ner.Sentence], labels: Sequence[str],
-                 num_layers: int) -> Dict[str, float]:
-  """Trains a fresh BiLSTM tagger on one layer choice; returns dev metrics (best epoch)."""
+                 num_layers: int, workdir: str) -> Dict[str, float]:
+  """Trains a fresh BiLSTM tagger on one layer choice with the one training loop (checkpoints in
+  `workdir`, so an interrupted table resumes); returns dev metrics of the best epoch."""
   layers = layer_indices(choice, num_layers)
   model = BiLSTMTagger(choice, len(labels), config.lstm_units, config.lstm_layers,
                        config.dropout)
-  batch_size = config.train_batch_size
+  batch_size = config.global_batch_size
   num_sentences = len(train.offsets) - 1
   steps_per_epoch = max(1, num_sentences // batch_size)
-  epochs = int(config.num_train_epochs)
-  num_steps = steps_per_epoch * epochs
+  num_steps = steps_per_epoch * int(config.num_train_epochs)
   opt_config = ml_collections.ConfigDict(dict(
       optimizer=config.optimizer, learning_rate=config.learning_rate,
       warmup_steps=int(num_steps * config.warmup_proportion)))
   tx, schedule = optim.create_optimizer(opt_config, num_steps)
-  rng = jax.random.PRNGKey(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   sample = make_batch(train, layers, np.arange(min(batch_size, num_sentences)), batch_size)
-  params = nn.unbox(model.init({"params": init_rng}, sample)["params"])
-  state = finetuning.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=tx.init(params))
-  step_fn = jax.jit(functools.partial(finetuning.train_step, model=model, tx=tx,
-                                      task_loss=heads.token_tagging_loss, schedule=schedule),
-                    donate_argnums=(0,))
+  par = parallel.create(config)
+  state = par.init_state(lambda: TrainState.create(
+      nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx))
+  step_fn = par.compile_step(functools.partial(
+      finetuning.train_step, model=model, tx=tx, task_loss=heads.token_tagging_loss,
+      row_weight=heads.token_tagging_weight, schedule=schedule))
   predict_fn = jax.jit(functools.partial(finetuning.predict_step, model=model))
-  order = np.random.default_rng(config.seed)
-  best: Dict[str, float] = {}
-  step = 0
-  for epoch in range(epochs):
-    perm = order.permutation(num_sentences)
-    for i in range(steps_per_epoch):
-      batch = make_batch(train, layers, perm[i * batch_size:(i + 1) * batch_size], batch_size)
-      state, metrics = step_fn(state, batch, dropout_rng)
-      step += 1
-    loss = float(metrics["loss"])
-    if not np.isfinite(loss):
-      raise FloatingPointError(f"[feature-based {choice}] non-finite loss at step {step}")
-    scores = evaluate(predict_fn, state.params, dev, dev_sentences, labels, layers,
-                      config.eval_batch_size)
-    print(f"[feature-based] {choice} epoch {epoch + 1}: loss={loss:.4f} "
-          f"dev f1={100 * scores['f1']:.2f}", flush=True)
-    if not best or scores["f1"] > best["f1"]:
-      best = dict(scores, epoch=epoch + 1)
-  return best
+
+  def next_batch(step: int):
+    # Epoch e's order is a pure function of (seed, e): a resumed run sees the same batches.
+    epoch, index = divmod(step, steps_per_epoch)
+    perm = np.random.default_rng([config.seed, epoch]).permutation(num_sentences)
+    rows = perm[index * batch_size:(index + 1) * batch_size]
+    return finetuning.host_slice(make_batch(train, layers, rows, batch_size), batch_size)
+
+  def evaluate_epoch(st, step):
+    scores = evaluate(predict_fn, par.checkpointable(st).params, dev, dev_sentences, labels,
+                      layers, config.eval_batch_size)
+    return dict(scores, epoch=step // steps_per_epoch)
+
+  trainer = Trainer(f"feature-based {choice}", workdir, par,
+                    LoopSettings.from_config(config, num_steps, keep_checkpoints=1,
+                                             async_checkpointing=False,
+                                             checkpoint_at_evaluations=True),
+                    console_keys=("loss", "f1"))
+  state = trainer.restore(state)
+  try:
+    trainer.run(state, step_fn, next_batch, dropout_rng, evaluate=evaluate_epoch,
+                eval_at=lambda step: step % steps_per_epoch == 0)
+  finally:
+    trainer.close()
+  if trainer.preempted:
+    return {"preempted": True}
+  epochs = read_metrics(workdir, "eval")
+  if not epochs:
+    return {}
+  best = max(epochs, key=lambda r: r["f1"])
+  return {k: v for k, v in best.items() if k not in ("step", "split")}
 
 
 def evaluate(predict_fn, params, features: WordFeatures, sentences: Sequence[ner.Sentence],
@@ -274,14 +297,14 @@ def results_table(results: Dict[str, Dict[str, float]]) -> str:
 def run(config, workdir: str) -> Dict:
   """Extracts (or reuses) the cached features, trains one tagger per layer choice, writes
   WORKDIR/results.json and WORKDIR/table.md."""
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = filesystem.absolute(workdir)
+  filesystem.makedirs(workdir)
   loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded_config)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   encoder = checkpoints.to_model_layout(pretrained, bert_config)["bert"]
   labels = ner.labels_for(config)
-  cache_dir = config.cache_dir or os.path.join(workdir, "features")
+  cache_dir = config.cache_dir or filesystem.join(workdir, "features")
   limits = {"train": config.data.max_train_examples, "dev": config.data.max_eval_examples}
   splits, data = {}, {}
   start = time.time()
@@ -290,8 +313,8 @@ def run(config, workdir: str) -> Dict:
     if limits[split]:
       sentences = sentences[:limits[split]]
     path = ner.split_path(config, split)
-    key = {"split": split, "checkpoint": os.path.abspath(config.init_checkpoint),
-           "data": path, "size": os.path.getsize(path), "mtime": os.path.getmtime(path),
+    key = {"split": split, "checkpoint": filesystem.absolute(config.init_checkpoint),
+           "data": path, "size": filesystem.getsize(path), "mtime": filesystem.mtime(path),
            "limit": limits[split], "max_seq_length": config.max_seq_length,
            "document_context": config.document_context, "labels": labels,
            "do_lower_case": config.do_lower_case}
@@ -306,15 +329,18 @@ def run(config, workdir: str) -> Dict:
   for choice in config.layer_choices:
     t = time.time()
     results[choice] = train_choice(choice, config, splits["train"], splits["dev"], data["dev"],
-                                   labels, bert_config.num_hidden_layers)
+                                   labels, bert_config.num_hidden_layers,
+                                   filesystem.join(workdir, "choices", choice))
+    if results[choice].get("preempted"):
+      return {"task": f"ner_feature_based_{config.dataset}", "preempted": True}
     results[choice]["seconds"] = round(time.time() - t, 1)
   table = results_table(results)
   print(table, flush=True)
   out = {"task": f"ner_feature_based_{config.dataset}", "init_checkpoint": config.init_checkpoint,
          "num_train_sentences": len(data["train"]), "num_dev_sentences": len(data["dev"]),
          "lstm_units": config.lstm_units, "dev": results, "paper_dev_f1": PAPER_DEV_F1}
-  with open(os.path.join(workdir, finetuning.RESULTS_FILE), "w", encoding="utf-8") as f:
-    json.dump(out, f, indent=2, sort_keys=True)
-  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-    f.write(table + "\n")
+  if outputs.is_writer():
+    filesystem.write_text(filesystem.join(workdir, finetuning.RESULTS_FILE),
+                          json.dumps(out, indent=2, sort_keys=True))
+    filesystem.write_text(filesystem.join(workdir, "table.md"), table + "\n")
   return out

@@ -8,6 +8,7 @@ A task is a `Task`: a small dataclass of plain functions. The loop knows nothing
       make_features=lambda examples, tokenizer, split: Features(...),
       make_head=lambda: heads.ClassificationHead(num_labels=2),
       loss=heads.classification_loss,             # (outputs, batch) -> (row_loss [B], row_weight [B])
+      row_weight=None,                            # batch -> row_weight [B] (None: 1 per row)
       predict=lambda examples, features, outputs: [...],   # one prediction per example
       metrics=lambda examples, predictions: {"f1": .., "accuracy": ..},
       write_predictions=lambda workdir, split, examples, predictions: [paths written],
@@ -22,7 +23,7 @@ A task is a `Task`: a small dataclass of plain functions. The loop knows nothing
   Test splits (no labels) must still give every array `loss` would read (zeros are fine); the loop
   computes a loss only on `eval_splits`.
 * `make_head()` returns a Flax module called as `head(encoder_outputs, batch, deterministic)`;
-  see `bert_jax.heads`. Its parameters are `head/...`; they are the only ones not loaded from
+  see `bert_jax.model.heads`. Its parameters are `head/...`; they are the only ones not loaded from
   `config.init_checkpoint` (`Task.new_params` regexes; everything else must match the
   checkpoint or the run stops with the names).
 * `predict(examples, features, outputs)` gets the head outputs of *every* row of the split, in
@@ -63,12 +64,10 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -78,12 +77,18 @@ import optax
 from absl import logging
 from flax import traverse_util
 
-from bert_jax import checkpoints, modeling, optim, parallel, sharding, tokenization
-from bert_jax import training_checkpoints as tc
-from bert_jax.config import BertConfig
-from bert_jax.extract_features import truncate_seq_pair
-from bert_jax.length_buckets import bucket_length, row_lengths
-from bert_jax.metric_writers import MetricWriter
+from bert_jax import parallel
+from bert_jax.io import checkpoints, filesystem
+from bert_jax.model import modeling
+from bert_jax.model.config import BertConfig
+from bert_jax.parallel import sharding
+from bert_jax.runtime import config_names, optim, outputs
+from bert_jax.runtime import step as step_core
+from bert_jax.runtime.length_buckets import bucket_length, row_lengths
+from bert_jax.runtime.loop import LoopSettings, Trainer
+from bert_jax.runtime.state import TrainState
+from bert_jax.text import tokenization
+from bert_jax.text.pairs import encode_pairs  # noqa: F401  (tasks build features with it)
 
 RESULTS_FILE = "results.json"
 BEST_DIR = "best"
@@ -141,6 +146,9 @@ class Task:
   output_hidden_states: bool = False
   freeze_encoder: bool = False
   new_params: Tuple[str, ...] = (r"head/.*",)
+  # The loss's row weights from the batch alone (the step normalises by their global sum before
+  # any micro-batch runs); None: one per row. Must equal what `loss` returns as row_weight.
+  row_weight: Optional[Callable[[Dict], jax.Array]] = None
   # Length buckets (see the module docstring): feature arrays besides the model inputs whose
   # last axis is the token axis, and head outputs [rows, S, ...] with the token axis second.
   token_features: Tuple[str, ...] = ()
@@ -181,46 +189,39 @@ class FineTuningModel(nn.Module):
     return self.head(outputs, batch, deterministic)
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-
-
 # ----------------------------------------------------------------------------------- steps
 
 
-def _masked_mean_terms(task_loss, outputs, batch):
-  """(sum of row losses, sum of row weights) over real rows (the padding mask applied)."""
-  row_loss, row_weight = task_loss(outputs, batch)
-  mask = batch[EXAMPLE_MASK].astype(jnp.float32)                             # [B]
-  return jnp.sum(row_loss * mask), jnp.sum(row_weight * mask)
+def finetuning_objective(model, task_loss, row_weight=None) -> step_core.Objective:
+  """The task's loss for the step core: the mean of row losses over real rows, weighted by the
+  rows' weights (1 per row, or scored tokens for tagging) of the whole (global) batch."""
+
+  def mask(batch):
+    return batch[EXAMPLE_MASK].astype(jnp.float32)                           # [B]
+
+  def totals(batch):
+    weight = row_weight(batch) if row_weight is not None else jnp.ones_like(mask(batch))
+    return {"weight": jnp.sum(weight * mask(batch))}
+
+  def terms(params, batch, rng):
+    outputs = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": rng})
+    row_loss, weight = task_loss(outputs, batch)                             # [B], [B]
+    return {"loss_sum": jnp.sum(row_loss * mask(batch)),
+            "weight_sum": jnp.sum(weight * mask(batch))}
+
+  return step_core.Objective(
+      totals=totals, terms=terms,
+      loss=lambda t, total: t["loss_sum"] / jnp.maximum(total["weight"], 1e-6),
+      metrics=lambda t: {})
 
 
 def train_step(state: TrainState, batch, rng, *, model, tx, task_loss, schedule,
-               axis_name: Optional[str] = None):
-  """One AdamW update on one batch. Pure; dropout draws from fold_in(rng, step)."""
-  step_rng = jax.random.fold_in(rng, state.step)
-  total = (lambda x: jax.lax.psum(x, axis_name)) if axis_name else (lambda x: x)
-  if axis_name:
-    step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
-
-  def loss_fn(params):
-    outputs = model.apply({"params": params}, batch, deterministic=False,
-                          rngs={"dropout": step_rng})
-    loss_sum, weight_sum = _masked_mean_terms(task_loss, outputs, batch)
-    # Normalised by the global weight, so per-device gradients sum to the batch gradient.
-    return loss_sum / jnp.maximum(total(jax.lax.stop_gradient(weight_sum)), 1e-6)
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  if axis_name:
-    loss, grads = total((loss, grads))
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "param_norm": optax.tree.norm(params), "learning_rate": schedule(state.step)}
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+               row_weight=None, grad_accum_steps: int = 1, axis_name: Optional[str] = None):
+  """One AdamW update: `runtime.step.train_step` with the task's loss."""
+  return step_core.train_step(state, batch, rng,
+                              objective=finetuning_objective(model, task_loss, row_weight),
+                              tx=tx, schedule=schedule, grad_accum_steps=grad_accum_steps,
+                              axis_name=axis_name)
 
 
 def predict_step(params, batch, *, model, task_loss=None):
@@ -241,12 +242,12 @@ def find_vocab(config: ml_collections.ConfigDict) -> Tuple[Optional[str], Option
   if config.get("vocab_file") or config.get("spm_model_file"):
     return config.get("vocab_file") or None, config.get("spm_model_file") or None
   path = config.init_checkpoint
-  directory = path if os.path.isdir(path) else os.path.dirname(path)
-  for candidate in ("vocab.txt", os.path.join("data", "vocab.txt")):
-    if os.path.exists(os.path.join(directory, candidate)):
-      return os.path.join(directory, candidate), None
-  if os.path.exists(os.path.join(directory, SPM_COPY)):  # a best/ dir of a SentencePiece run
-    return None, os.path.join(directory, SPM_COPY)
+  directory = path if filesystem.isdir(path) else filesystem.dirname(path)
+  for candidate in ("vocab.txt", filesystem.join("data", "vocab.txt")):
+    if filesystem.exists(filesystem.join(directory, candidate)):
+      return filesystem.join(directory, candidate), None
+  if filesystem.exists(filesystem.join(directory, SPM_COPY)):  # a best/ dir of a SentencePiece run
+    return None, filesystem.join(directory, SPM_COPY)
   raise FileNotFoundError(
       f"No vocabulary: {directory} has no vocab.txt; pass --config.vocab_file=PATH "
       "(WordPiece) or --config.spm_model_file=PATH (SentencePiece).")
@@ -266,48 +267,18 @@ def create_tokenizer(config, bert_config: BertConfig):
   return tokenizer
 
 
-def encode_pairs(tokenizer, texts_a: Sequence[str], texts_b: Optional[Sequence[Optional[str]]],
-                 max_seq_length: int) -> Dict[str, np.ndarray]:
-  """`[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]` -> input_ids, input_mask, segment_ids [N, S].
-
-  Pair truncation removes tokens from the longer segment until the total fits
-  max_seq_length - 3 (one segment: max_seq_length - 2), as in the original.
-  """
-  n = len(texts_a)
-  ids_a = tokenizer.encode_batch(list(texts_a))
-  has_b = texts_b is not None and any(t is not None for t in texts_b)
-  ids_b = tokenizer.encode_batch([t or "" for t in texts_b]) if has_b else [[]] * n
-  input_ids = np.zeros((n, max_seq_length), np.int32)                       # [N, S]
-  segment_ids = np.zeros((n, max_seq_length), np.int32)
-  input_mask = np.zeros((n, max_seq_length), np.int32)
-  cls, sep = tokenizer.cls_id, tokenizer.sep_id
-  for i in range(n):
-    a, b = list(ids_a[i]), list(ids_b[i])
-    if b:
-      truncate_seq_pair(a, b, max_seq_length - 3)
-      row = [cls] + a + [sep] + b + [sep]
-      types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-    else:
-      a = a[:max_seq_length - 2]
-      row, types = [cls] + a + [sep], [0] * (len(a) + 2)
-    input_ids[i, :len(row)] = row
-    segment_ids[i, :len(row)] = types
-    input_mask[i, :len(row)] = 1
-  return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
-
-
-def _rows(arrays: Dict[str, np.ndarray], index: np.ndarray, mask: np.ndarray) -> Dict:
+def select_rows(arrays: Dict[str, np.ndarray], index: np.ndarray, mask: np.ndarray) -> Dict:
   batch = {k: v[index] for k, v in arrays.items()}
   batch[EXAMPLE_MASK] = mask.astype(np.float32)
   return batch
 
 
-def _cut_tokens(batch: Dict, length: int, names: Sequence[str]) -> Dict:
+def cut_tokens(batch: Dict, length: int, names: Sequence[str]) -> Dict:
   """`batch` with the token axis (last) of the arrays in `names` cut to `length`."""
   return {k: (v[..., :length] if k in names else v) for k, v in batch.items()}
 
 
-def _host_slice(batch: Dict, global_batch: int) -> Dict:
+def host_slice(batch: Dict, global_batch: int) -> Dict:
   """This process's rows of a global batch (jit over a multi-host mesh takes per-host slices)."""
   count, index = jax.process_count(), jax.process_index()
   if count == 1:
@@ -391,26 +362,28 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
               tokenizer=None) -> None:
   """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json` and the
   vocabulary (`vocab.txt` or `spm.model`): everything a later predict-only run needs."""
-  import shutil
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
   params = sharding.to_host(params)  # every process: gathers parameters split across hosts
-  if jax.process_index() != 0:
+  if not outputs.is_writer():
     return
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
   if getattr(tokenizer, "spm_model_file", None):
-    shutil.copyfile(tokenizer.spm_model_file, os.path.join(directory, SPM_COPY))
+    filesystem.copy(tokenizer.spm_model_file, filesystem.join(directory, SPM_COPY))
   elif getattr(tokenizer, "vocab_file", None):
-    shutil.copyfile(tokenizer.vocab_file, os.path.join(directory, "vocab.txt"))
-  save_file(_flat(params["head"]), os.path.join(directory, HEAD_FILE))
-  with open(os.path.join(directory, BEST_INFO), "w", encoding="utf-8") as f:
-    json.dump(info, f, indent=2, sort_keys=True)
+    filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
+  with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:
+    f.write(save(_flat(params["head"])))
+  # Written last: a best/ directory with best.json is complete.
+  filesystem.write_text(filesystem.join(directory, BEST_INFO),
+                        json.dumps(info, indent=2, sort_keys=True))
 
 
 def read_head(directory: str) -> Dict:
   """The task head's parameters saved by `save_best`."""
-  from safetensors.numpy import load_file
-  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in
-                                       load_file(os.path.join(directory, HEAD_FILE)).items()})
+  from safetensors.numpy import load
+  with filesystem.open(filesystem.join(directory, HEAD_FILE), "rb") as f:
+    flat = load(f.read())
+  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
 
 
 def load_best(directory: str, bert_config: BertConfig) -> Dict:
@@ -420,11 +393,10 @@ def load_best(directory: str, bert_config: BertConfig) -> Dict:
 
 
 def read_best_info(workdir: str) -> Optional[Dict]:
-  path = os.path.join(workdir, BEST_DIR, BEST_INFO)
-  if not os.path.exists(path):
+  path = filesystem.join(workdir, BEST_DIR, BEST_INFO)
+  if not filesystem.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return json.loads(filesystem.read_text(path))
 
 
 # ----------------------------------------------------------------------------------- evaluation
@@ -471,8 +443,8 @@ class Predictor:
       index = np.concatenate([rows, np.full(b - real, rows[0])])  # padding repeats a real row
       mask = np.arange(b) < real
       length = bucket_length(lengths[rows], self._length_bucket, max_length)
-      batch = _cut_tokens(_rows(features.arrays, index, mask), length, self._token_features)
-      outputs = jax.device_get(step(params, sharding.shard_batch(_host_slice(batch, b),
+      batch = cut_tokens(select_rows(features.arrays, index, mask), length, self._token_features)
+      outputs = jax.device_get(step(params, sharding.shard_batch(host_slice(batch, b),
                                                                  self._mesh)))
       pieces.append({k: self._pad_back(k, np.asarray(v)[:real], max_length)
                      for k, v in outputs.items()})
@@ -503,7 +475,7 @@ class _Split:
   features: Features
 
 
-def _load_split(task: Task, split: str, tokenizer, limit: int = 0) -> _Split:
+def load_split(task: Task, split: str, tokenizer, limit: int = 0) -> _Split:
   examples = list(task.read_examples(split))
   if limit:
     examples = examples[:limit]
@@ -537,9 +509,11 @@ def _is_better(value: float, best: Optional[float], higher: bool) -> bool:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Fails before any work on a field no run can use, naming it."""
+  config_names.check(config)
+
   def fail(field, why):
     raise ValueError(f"config.{field}={config[field]!r}: {why}")
-  for field in ("train_batch_size", "eval_batch_size", "max_seq_length"):
+  for field in ("global_batch_size", "eval_batch_size", "max_seq_length"):
     if not isinstance(config[field], int) or config[field] < 1:
       fail(field, "must be a positive integer")
   if not config.learning_rate > 0:
@@ -552,182 +526,224 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     fail("length_bucket", "must be an integer >= 0 (0: every batch padded to max_seq_length)")
 
 
-def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
-                       workdir: str) -> Dict[str, Any]:
-  """Fine-tunes `config.init_checkpoint` on `task`; returns (and writes) results.json's dict."""
-  check_config(config)
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+@dataclasses.dataclass
+class _Inputs:
+  """What a run reads before it builds anything: the checkpoint, vocabulary and splits."""
+  bert_config: BertConfig
+  pretrained: Dict
+  tokenizer: Any
+  train: _Split
+  evals: List[_Split]
+
+
+def _read_inputs(task: Task, config) -> _Inputs:
   if not config.init_checkpoint:
     raise ValueError("config.init_checkpoint is empty: give a Hugging Face directory, a Google "
                      "TF checkpoint, a save_pretrained directory or a pre-training workdir.")
   loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = bert_config_for(config, loaded_config)
-  if os.path.isfile(os.path.join(config.init_checkpoint, HEAD_FILE)):
-    # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked below).
+  if filesystem.exists(filesystem.join(config.init_checkpoint, HEAD_FILE)):
+    # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked later).
     pretrained = dict(pretrained, head=read_head(config.init_checkpoint))
   tokenizer = create_tokenizer(config, bert_config)
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the checkpoint's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
-
   start = time.time()
-  train = _load_split(task, task.train_split, tokenizer, config.data.get("max_train_examples", 0))
-  evals = [_load_split(task, s, tokenizer, config.data.get("max_eval_examples", 0))
+  train = load_split(task, task.train_split, tokenizer, config.data.get("max_train_examples", 0))
+  evals = [load_split(task, s, tokenizer, config.data.get("max_eval_examples", 0))
            for s in task.eval_splits]
   print(f"[{task.name}] {len(train.examples)} training examples ({train.features.num_rows} rows), "
         + ", ".join(f"{s.name}: {len(s.examples)}" for s in evals)
         + f"; features in {time.time() - start:.1f}s", flush=True)
+  return _Inputs(bert_config, pretrained, tokenizer, train, evals)
 
-  batch_size = config.train_batch_size
-  data_parallelism = sharding.mesh_shape(config)[0]   # devices / config.model_parallelism
-  if batch_size % data_parallelism:
-    raise ValueError(f"config.train_batch_size={batch_size} must be divisible by the "
-                     f"{data_parallelism} data-parallel devices")
-  # num_train_epochs=0 predicts only (e.g. with a fine-tuned best/ directory as init_checkpoint).
-  num_train_steps = (0 if config.num_train_epochs == 0 else
-                     max(1, int(train.features.num_rows * config.num_train_epochs / batch_size)))
-  warmup_steps = int(num_train_steps * config.warmup_proportion)
+
+def num_train_steps_for(config, num_rows: int) -> int:
+  """Steps of `config.num_train_epochs` passes over the rows (0 epochs: predict only)."""
+  if config.num_train_epochs == 0:
+    return 0
+  return max(1, int(num_rows * config.num_train_epochs / config.global_batch_size))
+
+
+def _optimizer(task: Task, config, num_train_steps: int):
+  """AdamW with warm-up over `warmup_proportion` of the steps; the frozen encoder of the
+  feature-based approach gets no update (and no Adam moments)."""
   opt_config = ml_collections.ConfigDict(dict(
-      optimizer=config.optimizer, learning_rate=config.learning_rate, warmup_steps=warmup_steps))
+      optimizer=config.optimizer, learning_rate=config.learning_rate,
+      warmup_steps=int(num_train_steps * config.warmup_proportion)))
   tx, schedule = optim.create_optimizer(opt_config, max(num_train_steps, 1))
   if task.freeze_encoder:
-    # Feature-based approach: only the head is updated (no Adam moments kept for the encoder).
     labels = lambda params: {k: ("frozen" if k == "bert" else "train") for k in params}
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  return tx, schedule
 
-  model = FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
-                          task.freeze_encoder)
-  rng = jax.random.PRNGKey(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  sample = _rows(train.features.arrays, np.zeros(1, np.int64), np.ones(1))
+
+def _initial_state(task: Task, config, inputs: _Inputs, model, tx, par, init_rng) -> TrainState:
+  """The checkpoint's encoder (and head, for a best/ directory) plus a fresh head, on the mesh."""
+  sample = select_rows(inputs.train.features.arrays, np.zeros(1, np.int64), np.ones(1))
   init_params = jax.jit(lambda r: nn.unbox(model.init({"params": r}, sample)["params"]))(init_rng)
-  params, not_loaded = merge_pretrained(jax.device_get(init_params),
-                                        checkpoints.to_model_layout(pretrained, bert_config),
-                                        task.new_params, config.init_checkpoint)
-  del pretrained
+  params, not_loaded = merge_pretrained(
+      jax.device_get(init_params), checkpoints.to_model_layout(inputs.pretrained, inputs.bert_config),
+      task.new_params, config.init_checkpoint)
   print(f"[{task.name}] loaded {config.init_checkpoint}; not loaded (new): "
         + ", ".join(not_loaded), flush=True)
-
-  par = parallel.create(config)
   # Logical axis names of the parameters: with config.model_parallelism > 1 the encoder and its
   # Adam moments are sharded as in pre-training (the small task heads stay replicated).
   param_axes = sharding.logical_axes(model.init, {"params": init_rng}, sample)
-  state = par.init_state(lambda: TrainState(step=jnp.zeros((), jnp.int32),
-                                            params=jax.tree_util.tree_map(jnp.asarray, params),
-                                            opt_state=tx.init(params)), param_axes)
-  step_fn = functools.partial(train_step, model=model, tx=tx, task_loss=task.loss,
-                              schedule=schedule)
-  p_train_step = par.compile_step(step_fn)
-  length_bucket = config.length_bucket
-  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding(),
-                        length_bucket)
+  return par.init_state(
+      lambda: TrainState.create(jax.tree_util.tree_map(jnp.asarray, params), tx), param_axes)
 
-  checkpointer = tc.TrainingCheckpointer(workdir, keep=1, async_save=False)
-  restored_step, restored = checkpointer.restore_latest(par.abstract_state(state))
-  if restored is not None:
-    state = par.from_checkpoint(restored)
-    print(f"[{task.name}] resumed at step {restored_step}", flush=True)
-  step = int(np.asarray(par.metrics({"s": state.step})["s"]))
-  writer = MetricWriter(workdir, resume_step=step)
-  best = read_best_info(workdir) if step else None
-  best_value = best["value"] if best else None
-  best_dir = os.path.join(workdir, BEST_DIR)
-  order = TrainOrder(train.features.num_rows, batch_size, config.seed)
-  log_every = max(1, config.log_every_steps)
-  # Checkpoints for resume: at every evaluation, and every N steps in between if asked.
-  checkpoint_every = config.get("checkpoint_every_steps", 0)
-  primary = evals[0]
 
-  def evaluate_and_keep_best(state, step):
-    nonlocal best_value
-    params = par.checkpointable(state).params
+class _BestKeeper:
+  """Evaluates every eval split, logs the metrics, and keeps the best parameters in best/."""
+
+  def __init__(self, task: Task, inputs: _Inputs, predictor: "Predictor", par, workdir: str,
+               resumed: bool):
+    self.task, self.inputs, self.predictor, self.par = task, inputs, predictor, par
+    self.directory = filesystem.join(workdir, BEST_DIR)
+    best = read_best_info(workdir) if resumed else None
+    self.value = best["value"] if best else None
+
+  def __call__(self, state, step: int) -> Dict[str, float]:
+    params = self.par.checkpointable(state).params
+    primary = self.inputs.evals[0]
     record = {}
-    for split in evals:
-      _, metrics = evaluate_split(task, predictor, params, split, with_metrics=True)
+    for split in self.inputs.evals:
+      _, metrics = evaluate_split(self.task, self.predictor, params, split, with_metrics=True)
       record.update({(k if split is primary else f"{split.name}_{k}"): v
                      for k, v in metrics.items()})
-    writer.write(step, "eval", record)
-    value = record[task.best_metric]
-    shown = " ".join(f"{k}={v:.4f}" for k, v in sorted(record.items()))
-    print(f"[{task.name}] eval step {step}/{num_train_steps} {shown}", flush=True)
-    if _is_better(value, best_value, task.higher_is_better):
-      best_value = value
-      save_best(best_dir, bert_config, params, {"step": step, "metric": task.best_metric,
-                                                 "value": value, "metrics": record}, tokenizer)
+    value = record[self.task.best_metric]
+    if _is_better(value, self.value, self.task.higher_is_better):
+      self.value = value
+      save_best(self.directory, self.inputs.bert_config, params,
+                {"step": step, "metric": self.task.best_metric, "value": value,
+                 "metrics": record}, self.inputs.tokenizer)
+    return record
 
-  start, window, window_steps = time.time(), time.time(), 0
-  if num_train_steps == 0 and best_value is None:
-    evaluate_and_keep_best(state, 0)
-  train_lengths = row_lengths(train.features.arrays["input_mask"])
-  train_max_length = train.features.arrays["input_ids"].shape[-1]
-  while step < num_train_steps:
+
+def _train_batches(task: Task, config, train: _Split) -> Tuple[Callable[[int], Dict], "TrainOrder"]:
+  """next_batch(step) for the loop: a pure function of the step (exact resume needs no input
+  state), cut to its length bucket, this host's rows."""
+  order = TrainOrder(train.features.num_rows, config.global_batch_size, config.seed)
+  lengths = row_lengths(train.features.arrays["input_mask"])
+  max_length = train.features.arrays["input_ids"].shape[-1]
+
+  def next_batch(step: int) -> Dict[str, np.ndarray]:
     index = order.batch_index(step)
     # The cut is decided on the global batch, so every host cuts its rows alike.
-    length = bucket_length(train_lengths[index], length_bucket, train_max_length)
-    batch = _cut_tokens(_rows(train.features.arrays, index, np.ones(len(index))), length,
-                        MODEL_INPUTS + tuple(task.token_features))
-    batch = _host_slice(batch, batch_size)
-    state, metrics = p_train_step(state, par.put_batch(batch), dropout_rng)
-    step += 1
-    window_steps += 1
-    if step % log_every == 0 or step == num_train_steps:
-      host = {k: float(v) for k, v in par.metrics(metrics).items()}
-      if not math.isfinite(host["loss"]):
-        raise FloatingPointError(f"[{task.name}] non-finite training loss at step {step}; "
-                                 "lower config.learning_rate or check the data.")
-      host["examples_per_sec"] = window_steps * batch_size / max(time.time() - window, 1e-9)
-      writer.write(step, "train", host)
-      print(f"[{task.name}] step {step}/{num_train_steps} loss={host['loss']:.4f} "
-            f"lr={host['learning_rate']:.3g}", flush=True)
-      window, window_steps = time.time(), 0
-    eval_now = (step % config.eval_every_steps == 0 if config.eval_every_steps
-                else order.epoch_ends_at(step))
-    if eval_now or step == num_train_steps:
-      evaluate_and_keep_best(state, step)
-    if eval_now or step == num_train_steps or (
-        checkpoint_every and step % checkpoint_every == 0):
-      checkpointer.save(step, par.checkpointable(state), force=True)
-      window, window_steps = time.time(), 0
-  checkpointer.close()
-  train_seconds = time.time() - start
+    length = bucket_length(lengths[index], config.length_bucket, max_length)
+    batch = cut_tokens(select_rows(train.features.arrays, index, np.ones(len(index))), length,
+                       MODEL_INPUTS + tuple(task.token_features))
+    return host_slice(batch, config.global_batch_size)
 
-  # Final predictions and files from the best parameters.
+  return next_batch, order
+
+
+def _final_results(task: Task, config, inputs: _Inputs, predictor: "Predictor", par, state,
+                   workdir: str, step: int, num_train_steps: int,
+                   train_seconds: float) -> Dict[str, Any]:
+  """Predictions of every eval and test split by the best parameters; files and results.json."""
+  best_dir = filesystem.join(workdir, BEST_DIR)
   best = read_best_info(workdir)
   if best is None:  # every evaluation was NaN: fall back to the last parameters
-    save_best(best_dir, bert_config, par.checkpointable(state).params,
+    save_best(best_dir, inputs.bert_config, par.checkpointable(state).params,
               {"step": step, "metric": task.best_metric, "value": float("nan"), "metrics": {}},
-              tokenizer)
+              inputs.tokenizer)
     best = read_best_info(workdir)
-  params = load_best(best_dir, bert_config)
+  params = load_best(best_dir, inputs.bert_config)
   results: Dict[str, Any] = {
       "task": task.name, "init_checkpoint": config.init_checkpoint, "seed": config.seed,
       "best_metric": task.best_metric, "best_value": best["value"], "best_step": best["step"],
       "higher_is_better": task.higher_is_better,
-      "num_train_examples": len(train.examples), "num_train_steps": num_train_steps,
+      "num_train_examples": len(inputs.train.examples), "num_train_steps": num_train_steps,
       "train_seconds": round(train_seconds, 1), "files": []}
-  for split in evals:
+
+  def write(split_name, examples, predictions):
+    if outputs.is_writer():  # every process predicts (a collective); process 0 writes
+      results["files"] += task.write_predictions(workdir, split_name, examples, predictions)
+
+  for split in inputs.evals:
     predictions, metrics = evaluate_split(task, predictor, params, split, with_metrics=True)
     results[split.name] = metrics
-    results["files"] += task.write_predictions(workdir, split.name, split.examples, predictions)
+    write(split.name, split.examples, predictions)
   if config.get("do_predict", True):
     for name in task.test_splits:
       try:
-        split = _load_split(task, name, tokenizer)
+        split = load_split(task, name, inputs.tokenizer)
       except FileNotFoundError as e:  # test data is optional: dev metrics are the result
         logging.warning("No %s predictions: %s", name, e)
         print(f"[{task.name}] skipping test split {name!r}: {e}", flush=True)
         continue
       predictions, _ = evaluate_split(task, predictor, params, split, with_metrics=False)
-      results["files"] += task.write_predictions(workdir, name, split.examples, predictions)
-  results["files"] = [os.path.relpath(p, workdir) for p in results["files"]]
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, RESULTS_FILE), "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=2, sort_keys=True)
-  writer.close()
+      write(name, split.examples, predictions)
+  results["files"] = [filesystem.relpath(p, workdir) for p in results["files"]]
+  write_results(workdir, results)
   print(f"[{task.name}] best {task.best_metric}={best['value']:.4f} at step {best['step']}; "
-        f"results in {os.path.join(workdir, RESULTS_FILE)}", flush=True)
+        f"results in {filesystem.join(workdir, RESULTS_FILE)}", flush=True)
   return results
+
+
+def write_results(workdir: str, results: Dict[str, Any]) -> None:
+  if outputs.is_writer():
+    filesystem.write_text(filesystem.join(workdir, RESULTS_FILE),
+                          json.dumps(results, indent=2, sort_keys=True))
+
+
+def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
+                       workdir: str) -> Dict[str, Any]:
+  """Fine-tunes `config.init_checkpoint` on `task`; returns (and writes) results.json's dict.
+
+  A run stopped by SIGTERM saves a checkpoint and returns {"preempted": True, "step": N}."""
+  check_config(config)
+  workdir = filesystem.absolute(workdir)
+  filesystem.makedirs(workdir)
+  inputs = _read_inputs(task, config)
+  par = parallel.create(config)
+  data_parallelism = sharding.mesh_shape(config)[0]   # devices / config.model_parallelism
+  if config.global_batch_size % data_parallelism:
+    raise ValueError(f"config.global_batch_size={config.global_batch_size} must be divisible "
+                     f"by the {data_parallelism} data-parallel devices")
+  num_train_steps = num_train_steps_for(config, inputs.train.features.num_rows)
+  tx, schedule = _optimizer(task, config, num_train_steps)
+  model = FineTuningModel(inputs.bert_config, task.make_head(), task.output_hidden_states,
+                          task.freeze_encoder)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  state = _initial_state(task, config, inputs, model, tx, par, init_rng)
+  inputs.pretrained = None   # host copies no longer needed
+  p_train_step = par.compile_step(functools.partial(
+      train_step, model=model, tx=tx, task_loss=task.loss, schedule=schedule,
+      row_weight=task.row_weight, grad_accum_steps=config.get("grad_accum_steps", 1)))
+  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding(),
+                        config.length_bucket)
+
+  # Checkpoints for resume: at every evaluation, and every N steps in between if asked.
+  trainer = Trainer(task.name, workdir, par,
+                    LoopSettings.from_config(config, num_train_steps, keep_checkpoints=1,
+                                             async_checkpointing=False,
+                                             checkpoint_at_evaluations=True),
+                    console_keys=("loss", "learning_rate"))
+  state = trainer.restore(state)
+  keep_best = _BestKeeper(task, inputs, predictor, par, workdir, trainer.resumed)
+  if num_train_steps == 0 and keep_best.value is None:
+    trainer.log_eval(0, keep_best(state, 0))
+  next_batch, order = _train_batches(task, config, inputs.train)
+  eval_at = ((lambda step: step % config.eval_every_steps == 0) if config.eval_every_steps
+             else order.epoch_ends_at)
+  batch_size = config.global_batch_size
+  start = time.time()
+  try:
+    state, _ = trainer.run(
+        state, p_train_step, next_batch, dropout_rng, evaluate=keep_best, eval_at=eval_at,
+        window_metrics=lambda sums, steps, seconds: {"examples_per_sec": steps * batch_size
+                                                     / seconds})
+  finally:
+    trainer.close()
+  if trainer.preempted:
+    return {"task": task.name, "preempted": True,
+            "step": int(np.asarray(par.metrics({"s": state.step})["s"]))}
+  return _final_results(task, config, inputs, predictor, par, state, workdir,
+                        num_train_steps, num_train_steps, time.time() - start)
 
 
 # ----------------------------------------------------------------------------------- restarts
@@ -739,17 +755,20 @@ def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
   copied to WORKDIR and results.json gets {"seeds": {...}, "summary": {metric: mean/std/best}}.
 
   With seeds=1 the run goes straight into WORKDIR (no sub-directory)."""
-  import shutil
   count = int(config.get("seeds", 1))
   if count <= 1:
     return run_one(config, workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = filesystem.absolute(workdir)
+  filesystem.makedirs(workdir)
   runs = {}
   for i in range(count):
     seed_config = ml_collections.ConfigDict(config.to_dict())
     seed_config.seed = config.seed + i
     seed_config.seeds = 1
-    runs[seed_config.seed] = run_one(seed_config, os.path.join(workdir, f"seed_{seed_config.seed}"))
+    runs[seed_config.seed] = run_one(seed_config,
+                                     filesystem.join(workdir, f"seed_{seed_config.seed}"))
+    if runs[seed_config.seed].get("preempted"):
+      return runs[seed_config.seed]
   first = next(iter(runs.values()))
   higher = first.get("higher_is_better", True)
   pick = max if higher else min
@@ -762,15 +781,13 @@ def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
                                     "best": float(values.max() if higher else values.min()),
                                     "values": values.tolist()}
   for name in runs[best_seed]["files"]:
-    source = os.path.join(workdir, f"seed_{best_seed}", name)
-    if jax.process_index() == 0 and os.path.exists(source):
-      shutil.copy(source, os.path.join(workdir, name))
+    source = filesystem.join(workdir, f"seed_{best_seed}", name)
+    if outputs.is_writer() and filesystem.exists(source):
+      filesystem.copy(source, filesystem.join(workdir, name))
   results = dict(runs[best_seed], best_seed=best_seed, summary=summary,
                  seeds={str(s): {k: v for k, v in r.items() if k != "files"}
                         for s, r in runs.items()})
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, RESULTS_FILE), "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=2, sort_keys=True)
+  write_results(workdir, results)
   print(f"[{first['task']}] {count} seeds: " + ", ".join(
       f"{k} mean={v['mean']:.4f} std={v['std']:.4f} best={v['best']:.4f}"
       for k, v in summary.items() if not k.endswith("/loss")), flush=True)

@@ -5,11 +5,13 @@ Parameter names mirror the released checkpoints so that import is a mechanical r
 `bert/encoder/layer_3/attention/self/query/kernel` in a Google TF checkpoint and
 `encoder.layer.3.attention.self.query.weight` (transposed) in a Hugging Face one.
 With `config.scan_layers` the layers live stacked under `encoder/layer` (leading axis L);
-`bert_jax.checkpoints` converts between the two layouts.
+`bert_jax.io.checkpoints` converts between the two layouts.
 
 Parameters are float32; computation runs in `config.dtype` (float32 or bfloat16), with softmax
-and LayerNorm statistics in float32. Every parameter carries logical axis names
-(`nn.with_logical_partitioning`) that `bert_jax.sharding` maps onto a device mesh.
+and LayerNorm statistics in float32. The building blocks (GELU, dropout, dense products, attention,
+the word lookup, the MLM bias) come from `kernels.select(config.kernels)`: the hand-tuned forms of
+`ops` or the textbook ones, per backend. Every parameter carries logical axis names
+(`nn.with_logical_partitioning`) that `bert_jax.parallel.sharding` maps onto a device mesh.
 
 Shape letters: B batch, S sequence, H hidden, N heads, D head dim, P predictions, V vocabulary.
 """
@@ -21,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import ops
-from bert_jax.config import BertConfig
+from bert_jax.model import kernels
+from bert_jax.model.config import BertConfig
 
 Array = Any
 
@@ -31,9 +33,10 @@ Array = Any
 _MASK_VALUE = -1e9
 
 
-def _activation(name: str):
+def _activation(config: BertConfig):
+  name = config.hidden_act
   if name == "gelu":
-    return ops.gelu
+    return _kernels(config).gelu
   if name in ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
     return functools.partial(jax.nn.gelu, approximate=True)
   if name == "relu":
@@ -47,6 +50,11 @@ def _activation(name: str):
 
 def _dtype(config: BertConfig):
   return jnp.dtype(config.dtype)
+
+
+def _kernels(config: BertConfig) -> kernels.Kernels:
+  # Resolved while tracing, so "auto" picks the backend the model is compiled for.
+  return kernels.select(config.kernels)
 
 
 def _kernel_init(config: BertConfig, axes):
@@ -66,7 +74,7 @@ def _ones(axes):
 def _dense(config: BertConfig, features: int, axes, name: str) -> nn.Dense:
   return nn.Dense(features, dtype=_dtype(config), param_dtype=jnp.float32,
                   kernel_init=_kernel_init(config, axes), bias_init=_zeros(axes[1:]), name=name,
-                  dot_general=ops.dense_dot_general)
+                  dot_general=_kernels(config).dense_dot_general)
 
 
 def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
@@ -133,7 +141,7 @@ class BertEmbeddings(nn.Module):
                                           param_dtype=jnp.float32,
                                           embedding_init=init((None, "embed")))
     self.LayerNorm = _layer_norm(c)
-    self.dropout = ops.Dropout(c.hidden_dropout_prob)
+    self.dropout = _kernels(c).Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     """position_ids None: positions 0..S-1 of every row (a slice of the table, no lookup)."""
@@ -143,34 +151,23 @@ class BertEmbeddings(nn.Module):
       positions = self.position_embeddings.embedding[:seq_len].astype(dtype)[None]  # [1, S, H]
     else:
       positions = _one_hot_lookup(self.position_embeddings.embedding, position_ids, dtype)
-    x = (word_lookup(self.word_embeddings.embedding, input_ids, dtype) + positions +
+    lookup = _kernels(self.config).word_lookup
+    x = (lookup(self.word_embeddings.embedding, input_ids, dtype) + positions +
          _one_hot_lookup(self.token_type_embeddings.embedding, token_type_ids, dtype))  # [B, S, H]
     return self.dropout(self.LayerNorm(x), deterministic=deterministic)
 
   def attend(self, hidden):
     """Logits against the (tied) token embedding matrix: [..., H] -> [..., V].
 
-    `nn.Embed.attend`'s product, through `ops.dense_matmul`: the table's gradient is taken
-    as an [H, V] matmul and transposed. Autodiff of `hidden @ table.T` had XLA's CPU backend
-    transpose the [rows, V] logit gradient first, a single-threaded 17 ms copy of a 0.9 s
-    BERT-mini step (step 1.02-1.05x faster this way, benchmarks/RESULTS.md).
+    `nn.Embed.attend`'s product, through `ops.dense_matmul` (tuned kernels): the table's
+    gradient is taken as an [H, V] matmul and transposed. Autodiff of `hidden @ table.T` had XLA's
+    CPU backend transpose the [rows, V] logit gradient first, a single-threaded 17 ms copy of a
+    0.9 s BERT-mini step (step 1.02-1.05x faster this way, benchmarks/RESULTS.md).
     """
     dtype = _dtype(self.config)
     hidden = hidden.astype(dtype)
     table = self.word_embeddings.embedding.astype(dtype)                       # [V, H]
-    return ops.dense_matmul(hidden, table.T)                                    # [..., V]
-
-
-def word_lookup(table, ids, dtype):
-  """table[ids] cast to the compute dtype: [V, H] at [B, S] -> [B, S, H].
-
-  Gathered from the float32 table and then cast (the same values as casting the table first), so
-  that the gradient's scatter-add sums each token's cotangents in float32. Cast first, the sum
-  runs in bfloat16: a token seen hundreds of times a batch ([CLS], [SEP], "the") loses most of its
-  gradient's precision, and on GPU the bfloat16 atomic adds were also slower
-  (benchmarks/RESULTS.md).
-  """
-  return jnp.take(table, ids, axis=0).astype(dtype)                          # [B, S, H]
+    return _kernels(self.config).dense_matmul(hidden, table.T)                 # [..., V]
 
 
 def _one_hot_lookup(table, ids, dtype):
@@ -212,27 +209,6 @@ def fused_attention(q, k, v, bias, implementation: str):
                                       implementation=implementation)
 
 
-def xla_attention(q, k, v, bias, dropout, float32_logits: bool = True):
-  """softmax(q k^T / sqrt(D) + bias) v with `dropout` on the probabilities, as XLA ops.
-
-  q, k, v [B, S, N, D], bias [B, 1, S or 1, S] -> [B, S, N, D]. The softmax is float32; the
-  logits are too unless `float32_logits` is False, when the product is written in q's dtype (half
-  the bytes of the largest tensor of the step under bfloat16) and upcast inside the softmax.
-  Heads go first and the keys are transposed once, so that both products are plain batched
-  matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into that layout
-  inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
-  benchmarks/RESULTS.md).
-  """
-  head_dim = q.shape[-1]
-  q = q.transpose(0, 2, 1, 3) / jnp.sqrt(head_dim).astype(q.dtype)           # [B, N, S, D]
-  k = k.transpose(0, 2, 3, 1)                                                  # [B, N, D, S]
-  v = v.transpose(0, 2, 1, 3)                                                  # [B, N, S, D]
-  logits = jnp.matmul(q, k, preferred_element_type=jnp.float32 if float32_logits else q.dtype)
-  logits = logits.astype(jnp.float32) + bias                                   # [B, N, S, S]
-  probs = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))             # [B, N, S, S]
-  return jnp.matmul(probs, v).transpose(0, 2, 1, 3)                            # [B, S, N, D]
-
-
 class BertSelfAttention(nn.Module):
   config: BertConfig
 
@@ -248,9 +224,11 @@ class BertSelfAttention(nn.Module):
     if implementation is not None:
       context = fused_attention(q, k, v, bias, implementation)                # [B, S, N, D]
     else:
-      dropout = ops.Dropout(c.attention_probs_dropout_prob)
-      context = xla_attention(q, k, v, bias, lambda p: dropout(p, deterministic=deterministic),
-                              c.float32_attention_logits)
+      blocks = _kernels(c)
+      dropout = blocks.Dropout(c.attention_probs_dropout_prob)
+      context = blocks.attention(q, k, v, bias,
+                                 lambda p: dropout(p, deterministic=deterministic),
+                                 c.float32_attention_logits)                  # [B, S, N, D]
     return context.reshape(batch, seq_len, c.hidden_size)                     # [B, S, H]
 
 
@@ -263,7 +241,7 @@ class BertResidualOutput(nn.Module):
     c = self.config
     axes = ("joined_kv", "embed") if x.shape[-1] == c.hidden_size else ("mlp", "embed")
     x = _dense(c, c.hidden_size, axes, "dense")(x)
-    x = ops.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
+    x = _kernels(c).Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)
     return _layer_norm(c)(x + residual)
 
 
@@ -283,7 +261,7 @@ class BertIntermediate(nn.Module):
   def __call__(self, x):
     c = self.config
     x = _dense(c, c.intermediate_size, ("embed", "mlp"), "dense")(x)   # [B, S, 4H]
-    return _activation(c.hidden_act)(x)
+    return _activation(c)(x)
 
 
 class BertLayer(nn.Module):
@@ -409,7 +387,7 @@ class BertPredictions(nn.Module):
     h = _TransformModule(c, name="transform")(hidden)         # [..., H]
     logits = embedding_attend(h)                              # [..., V]
     output_bias = self.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), jnp.float32)
-    return ops.add_bias(logits.astype(jnp.float32), output_bias)            # [..., V]
+    return _kernels(c).add_bias(logits.astype(jnp.float32), output_bias)    # [..., V]
 
 
 class _TransformModule(nn.Module):
@@ -419,7 +397,7 @@ class _TransformModule(nn.Module):
   def __call__(self, hidden):
     c = self.config
     h = _dense(c, c.hidden_size, ("embed", "embed_out"), "dense")(hidden)
-    return _layer_norm(c)(_activation(c.hidden_act)(h))
+    return _layer_norm(c)(_activation(c)(h))
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -437,7 +415,7 @@ class BertPreTrainingHeads(nn.Module):
       nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
                             kernel_init=_kernel_init(self.config, ("embed", None)),
                             bias_init=_zeros((None,)), name="seq_relationship",
-                            dot_general=ops.dense_dot_general)(pooled_output)
+                            dot_general=_kernels(self.config).dense_dot_general)(pooled_output)
     return mlm_logits, nsp_logits
 
 

@@ -29,7 +29,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bert_jax import finetuning, heads
+from bert_jax.tasks import finetuning
+from bert_jax.model import heads
 
 Column = Union[str, int]      # a header name, or a position for files without a header
 

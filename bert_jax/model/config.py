@@ -50,10 +50,15 @@ class BertConfig:
   # H100, logits rounded to bfloat16 as PyTorch autocast does). XLA attention only; cuDNN's keeps
   # float32 logits inside its kernel.
   float32_attention_logits: bool = True
+  # The hand-tuned building blocks (bert_jax/model/ops.py) or their textbook JAX/Flax forms, as
+  # bert_jax/model/kernels.py chooses: "auto" (what measured faster on the backend the model is
+  # traced for), "tuned", "textbook", plus any parts to take in textbook form, e.g.
+  # "tuned,plain_bias" (kernels.PARTS). The same function either way; only the speed differs.
+  kernels: str = "auto"
 
   # Fields that describe the computation, not the checkpoint; never written to bert_config.json.
   RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat",
-                    "float32_attention_logits")
+                    "float32_attention_logits", "kernels")
 
   def __post_init__(self):
     self.validate()
@@ -74,6 +79,13 @@ class BertConfig:
     for field in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
       if not 0.0 <= getattr(self, field) < 1.0:
         fail(field, "must be in [0, 1)")
+    # Imported here: kernels brings in JAX and Flax, and reading a config should not need them.
+    from bert_jax.model import kernels
+    try:
+      kernels.parse(self.kernels)
+    except ValueError:
+      fail("kernels", f"expected at most one of {kernels.CHOICES} and any parts of "
+                      f"{kernels.PARTS}, comma-separated")
 
   @property
   def head_dim(self) -> int:

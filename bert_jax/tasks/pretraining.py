@@ -12,39 +12,31 @@ Objectives (`config.objective`, spec sections 2 and 6):
   ltr      left-to-right LM, no NSP: causal attention, every next token is a target
 """
 import functools
-import os
-import signal
-import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
-from bert_jax import checkpoints, modeling, ops, optim, parallel, sharding
+from bert_jax import parallel
+from bert_jax.io import checkpoints, filesystem
+from bert_jax.io import training_checkpoints as tc
+from bert_jax.model import modeling, ops
+from bert_jax.model.config import BertConfig
+from bert_jax.parallel import sharding
+from bert_jax.runtime import optim, outputs
+from bert_jax.runtime import step as step_core
+from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Trainer
+from bert_jax.runtime.state import TrainState
 from data_pipelines import packing
-from bert_jax import training_checkpoints as tc
-from bert_jax.config import BertConfig
-from bert_jax.metric_writers import MetricWriter
 
 OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  consecutive_skips: jax.Array   # non-finite steps in a row (reset by a good step)
-  total_skips: jax.Array
-
-
-class NonFiniteLossError(RuntimeError):
-  pass
+__all__ = ["NonFiniteLossError", "TrainState"]  # re-exported from bert_jax.runtime
 
 
 # ----------------------------------------------------------------------------------- model
@@ -140,7 +132,7 @@ def loss_from_terms(terms) -> Tuple[jax.Array, Dict[str, jax.Array]]:
 
 
 def _target_weights(batch, objective):
-  """Per-example and per-position loss weights; they depend on the data only, not the model."""
+  """Per-position loss weights; they depend on the data only, not the model."""
   if objective == "ltr":
     _, weights = ltr_targets(batch)
   else:
@@ -148,70 +140,34 @@ def _target_weights(batch, objective):
   return weights
 
 
+def pretraining_objective(model, objective: str) -> step_core.Objective:
+  """The paper's loss for the step core: MLM = sum(w * nll) / (sum(w) + 1e-5) and NSP = mean
+  over sequences (spec), both normalised by the whole (global) batch's totals."""
+
+  def totals(batch):
+    nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+                 else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+    return {"mlm": jnp.sum(_target_weights(batch, objective)), "nsp": nsp_count}
+
+  def terms(params, batch, rng):
+    return loss_terms(model, params, batch, objective, rng, deterministic=False)
+
+  def loss(t, total):
+    value = t["mlm_nll"] / (total["mlm"] + 1e-5)
+    if "nsp_nll" in t:
+      value = value + t["nsp_nll"] / total["nsp"]
+    return value
+
+  return step_core.Objective(totals=totals, terms=terms, loss=loss,
+                             metrics=lambda t: loss_from_terms(t)[1])
+
+
 def train_step(state: TrainState, batch, rng, *, model, tx, objective, schedule,
                grad_accum_steps: int = 1, axis_name: Optional[str] = None):
-  """One optimizer update. Pure: the same (state, batch, rng) always gives the same result.
-
-  With `grad_accum_steps` > 1 the batch is split into micro-batches whose losses are normalised by
-  the *whole* batch's weight totals, so the summed gradient is the large batch's gradient exactly
-  (up to float summation order), not a mean of per-micro-batch means. Under `pmap`
-  (`axis_name` set) the same holds across devices: each device's loss is normalised by the global
-  totals and the gradients are summed, which equals one device running the global batch.
-  """
-  step_rng = jax.random.fold_in(rng, state.step)
-  total = (lambda x: jax.lax.psum(x, axis_name)) if axis_name else (lambda x: x)
-  if axis_name:
-    step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
-  # Normalisers of the whole (global) batch (spec: MLM loss = sum(w * nll) / (sum(w) + 1e-5)).
-  mlm_total = total(jnp.sum(_target_weights(batch, objective))) + 1e-5
-  nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
-               else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
-  nsp_total = total(nsp_count)
-
-  def loss_fn(params, micro_batch, micro_rng):
-    terms = loss_terms(model, params, micro_batch, objective, micro_rng, deterministic=False)
-    loss = terms["mlm_nll"] / mlm_total
-    if "nsp_nll" in terms:
-      loss = loss + terms["nsp_nll"] / nsp_total
-    return loss, terms
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    (_, terms), grads = grad_fn(state.params, batch, step_rng)
-  else:
-    micro = jax.tree_util.tree_map(
-        lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]),
-        batch)
-
-    def accumulate(carry, xs):
-      index, micro_batch = xs
-      (_, t), g = grad_fn(state.params, micro_batch, jax.random.fold_in(step_rng, index))
-      return jax.tree_util.tree_map(jnp.add, carry, (g, t)), None
-
-    first = jax.tree_util.tree_map(lambda x: x[0], micro)
-    zeros = jax.tree_util.tree_map(
-        lambda s: jnp.zeros(s.shape, s.dtype),
-        jax.eval_shape(lambda: (state.params, grad_fn(state.params, first, step_rng)[0][1])))
-    (grads, terms), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
-
-  if axis_name:
-    grads, terms = total((grads, terms))
-  loss, metrics = loss_from_terms(terms)
-  updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  # A non-finite step changes nothing but the counters.
-  keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = state.replace(
-      step=state.step + 1,
-      params=keep(new_params, state.params),
-      opt_state=keep(new_opt_state, state.opt_state),
-      consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1),
-      total_skips=state.total_skips + jnp.where(finite, 0, 1))
-  metrics = dict(metrics, grad_norm=grad_norm, param_norm=optax.tree.norm(new_state.params),
-                 learning_rate=schedule(state.step), skipped=1.0 - finite.astype(jnp.float32))
-  return new_state, metrics
+  """One optimizer update of pre-training: `runtime.step.train_step` with the paper's loss."""
+  return step_core.train_step(state, batch, rng, objective=pretraining_objective(model, objective),
+                              tx=tx, schedule=schedule, grad_accum_steps=grad_accum_steps,
+                              axis_name=axis_name)
 
 
 def eval_step(params, batch, *, model, objective):
@@ -224,9 +180,7 @@ def eval_step(params, batch, *, model, objective):
 
 def create_train_state(config, model, tx, rng) -> TrainState:
   params = modeling.init_params(model, rng, seq_len=min(config.max_seq_length, 8))
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    consecutive_skips=jnp.zeros((), jnp.int32),
-                    total_skips=jnp.zeros((), jnp.int32))
+  return TrainState.create(params, tx)
 
 
 def load_init_checkpoint(config, params):
@@ -255,50 +209,6 @@ def load_init_checkpoint(config, params):
 
 
 # ----------------------------------------------------------------------------------- loop
-
-
-class _Preemption:
-  """SIGTERM sets a flag; the loop saves at the next step boundary and exits cleanly.
-
-  With several processes the hosts must save at the *same* step (a save is a collective), but
-  each host's loop runs ahead of its devices by a different amount. There jax's preemption
-  service (started by `jax.distributed.initialize`) catches SIGTERM on any host and
-  `reached(step)` becomes True on every host at one agreed step: the service's C++ handler
-  replaces the default one at initialisation (so no Python handler may be installed, it would
-  take the signal from the service), polls for the signal once a second, and agrees on one
-  more than the largest step any host has passed to `reached`, which therefore must be called
-  with every step on every host (tests/test_multihost_preemption.py).
-  """
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-    self._multihost = jax.process_count() > 1
-
-  def reached(self, step: int) -> bool:
-    """Call once per step on every host: True when this is the step to save and stop at."""
-    if self._multihost:
-      from jax.experimental import multihost_utils
-      self.requested = multihost_utils.reached_preemption_sync_point(step)
-    return self.requested
-
-  def __enter__(self):
-    if self._multihost:  # the preemption service owns SIGTERM (see the class docstring)
-      return self
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-      self._previous = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-    print("SIGTERM received: saving a checkpoint at the next step boundary.", flush=True)
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
 
 
 def evaluate(config, params, p_eval_step, par) -> Dict[str, float]:
@@ -333,7 +243,7 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
   With `config.data.packing` the training batches are packed rows (evaluation never is).
   """
   from data_pipelines import input_pipeline, masking
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   files = config.data.input_files if training else config.data.eval_input_files
   packing_config = None
   if training and config.data.get("packing", False):
@@ -369,112 +279,105 @@ def _pairs_in(batch) -> float:
   return float(len(batch["input_ids"]))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
-  """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
+def _throughput(config):
+  """(count, window_metrics) for the loop: sequences (NSP pairs), row and real tokens per second.
 
-  Returns the last logged training metrics (and eval metrics under `eval_*`).
+  Sequences are NSP pairs (several per packed row); the global counts assume the other hosts'
+  rows hold as many pairs and real tokens as this host's (exact with one host).
   """
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  hosts = jax.process_count()
+
+  def count(batch):  # host numpy: no device sync
+    return {"pairs": _pairs_in(batch), "real_tokens": float(np.sum(batch["input_mask"])),
+            "packed": float(packing.NSP_WEIGHTS in batch)}
+
+  def window_metrics(sums, steps, seconds):
+    pairs = sums["pairs"] * hosts
+    # tokens_per_sec counts row positions (padding included); real_tokens_per_sec only the
+    # non-padding tokens, the throughput that packing raises.
+    rates = dict(sequences_per_sec=pairs / seconds,
+                 tokens_per_sec=steps * config.global_batch_size * config.max_seq_length / seconds,
+                 real_tokens_per_sec=sums["real_tokens"] * hosts / seconds)
+    if sums["packed"]:
+      rates["pairs_per_row"] = pairs / (steps * config.global_batch_size)
+    return rates
+
+  return count, window_metrics
+
+
+def _prepare_workdir(config, workdir: str) -> str:
+  """The workdir (made if needed, any filesystem), the demo corpus built into it if asked."""
+  workdir = filesystem.absolute(workdir)
+  filesystem.makedirs(workdir)
   if config.data.get("prepare_demo_corpus"):
     from data_pipelines import demo_corpus
     demo_corpus.prepare(config, workdir)
   if not config.data.input_files:
     raise ValueError("config.data.input_files is empty: point it at pre-training TFRecords "
                      "(python -m data_pipelines.create_pretraining_data writes them)")
+  if outputs.is_writer():
+    bert_config_from(config).to_json_file(filesystem.join(workdir, tc.BERT_CONFIG),
+                                          include_runtime=True)
+  return workdir
 
-  bert_config = bert_config_from(config)
-  if jax.process_index() == 0:
-    bert_config.to_json_file(os.path.join(workdir, tc.BERT_CONFIG), include_runtime=True)
-  model = build_model(config)
-  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
-  par = parallel.create(config)
-  rng = jax.random.PRNGKey(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
 
+def _initial_state(config, model, tx, par, init_rng):
+  """A fresh train state on the devices (sharded by the logical-axis rules)."""
   # Logical axis names of the parameters: with config.model_parallelism > 1 they shard the state.
   param_axes = sharding.logical_axes(
       model.init, init_rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
-  state = par.init_state(lambda: create_train_state(config, model, tx, init_rng), param_axes)
-  step_fn = functools.partial(train_step, model=model, tx=tx, objective=config.objective,
-                              schedule=schedule, grad_accum_steps=config.grad_accum_steps)
-  p_train_step = par.compile_step(step_fn)
-  p_eval_step = par.compile_eval(functools.partial(eval_step, model=model,
-                                                   objective=config.objective))
+  return par.init_state(lambda: create_train_state(config, model, tx, init_rng), param_axes)
+
+
+def _from_init_checkpoint(config, tx, par, state):
+  host = jax.device_get(par.checkpointable(state))
+  params = load_init_checkpoint(config, host.params)
+  print(f"Initialised from {config.init_checkpoint}", flush=True)
+  return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
+  """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
+
+  Returns the last logged training metrics (and eval metrics under `eval_*`).
+  """
+  check_config(config)
+  workdir = _prepare_workdir(config, workdir)
+  model = build_model(config)
+  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
+  par = parallel.create(config)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  state = _initial_state(config, model, tx, par, init_rng)
+  p_train_step = par.compile_step(functools.partial(
+      train_step, model=model, tx=tx, objective=config.objective, schedule=schedule,
+      grad_accum_steps=config.grad_accum_steps))
 
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True),
                                              source=config.data.input_files)
-  checkpointer = tc.TrainingCheckpointer(workdir, keep=config.keep_checkpoints,
-                                         async_save=config.async_checkpointing)
-  restored_step, restored = checkpointer.restore_latest(par.abstract_state(state), iterator)
-  if restored is not None:
-    state = par.from_checkpoint(restored)
-    print(f"Resumed from the checkpoint at step {restored_step} in {checkpointer.directory}",
-          flush=True)
-  elif config.init_checkpoint:
-    host = jax.device_get(par.checkpointable(state))
-    params = load_init_checkpoint(config, host.params)
-    state = par.place_state(host.replace(params=params, opt_state=tx.init(params)))
-    print(f"Initialised from {config.init_checkpoint}", flush=True)
-  start_step = int(np.asarray(par.metrics({"step": state.step})["step"]))
-  writer = MetricWriter(workdir, resume_step=start_step)
+  trainer = Trainer("pretraining", workdir, par,
+                    LoopSettings.from_config(config, config.num_train_steps), iterator=iterator)
+  state = trainer.restore(state)
+  if not trainer.resumed and config.init_checkpoint:
+    state = _from_init_checkpoint(config, tx, par, state)
 
-  last: Dict[str, float] = {}
-  window_start, window_steps, window_pairs, window_tokens = time.time(), 0, 0.0, 0.0
-  tokens_per_batch = config.global_batch_size * config.max_seq_length
-  with _Preemption() as preemption:  # shardings are explicit in the compiled steps: no mesh context
-    step = start_step
-    while step < config.num_train_steps:
-      batch = next(iterator)
-      window_pairs += _pairs_in(batch)
-      window_tokens += float(np.sum(batch["input_mask"]))   # host numpy: no device sync
-      state, metrics = p_train_step(state, par.put_batch(batch), dropout_rng)
-      step += 1
-      window_steps += 1
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        last = {k: float(v) for k, v in par.metrics(metrics).items()}
-        counters = par.metrics({"total": state.total_skips, "run": state.consecutive_skips})
-        last["skipped_steps_total"] = float(counters["total"])
-        elapsed = max(time.time() - window_start, 1e-9)
-        # Sequences are NSP pairs (several per packed row); the global count assumes the
-        # other hosts' rows hold as many pairs as this host's (exact with one host).
-        pairs = window_pairs * jax.process_count()
-        # tokens_per_sec counts row positions (padding included); real_tokens_per_sec only the
-        # non-padding tokens, the throughput that packing raises (same multi-host estimate).
-        last.update(steps_per_sec=window_steps / elapsed, sequences_per_sec=pairs / elapsed,
-                    tokens_per_sec=window_steps * tokens_per_batch / elapsed,
-                    real_tokens_per_sec=window_tokens * jax.process_count() / elapsed)
-        if packing.NSP_WEIGHTS in batch:
-          last["pairs_per_row"] = pairs / (window_steps * config.global_batch_size)
-        writer.write(step, "train", last)
-        writer.console(step, config.num_train_steps, "train", last)
-        consecutive = int(counters["run"])
-        if consecutive:
-          logging.warning("Step %d: %d non-finite step(s) in a row were skipped.", step,
-                          consecutive)
-        if consecutive >= config.max_consecutive_skips:
-          checkpointer.close()
-          raise NonFiniteLossError(
-              f"Aborting at step {step}: {consecutive} consecutive steps had a non-finite loss "
-              f"or gradient (limit config.max_consecutive_skips={config.max_consecutive_skips}). "
-              "Lower the learning rate or check the input data.")
-        window_start, window_steps, window_pairs, window_tokens = time.time(), 0, 0.0, 0.0
-      if config.eval_every_steps and config.data.eval_input_files and (
-          step % config.eval_every_steps == 0 or step == config.num_train_steps):
-        eval_metrics = evaluate(config, state.params, p_eval_step, par)
-        writer.write(step, "eval", eval_metrics)
-        writer.console(step, config.num_train_steps, "eval", eval_metrics)
-        last.update({f"eval_{k}": v for k, v in eval_metrics.items()})
-        window_start = time.time()
-      preempted = preemption.reached(step)
-      if (step % config.checkpoint_every_steps == 0 or step == config.num_train_steps
-          or preempted):
-        checkpointer.save(step, par.checkpointable(state), iterator, force=True)
-      if preempted:
-        checkpointer.wait()
-        print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)
-        break
-  checkpointer.close()
-  writer.close()
+  evaluate_fn = None
+  if config.eval_every_steps and config.data.eval_input_files:
+    p_eval_step = par.compile_eval(functools.partial(eval_step, model=model,
+                                                     objective=config.objective))
+    evaluate_fn = lambda st, step: evaluate(config, st.params, p_eval_step, par)
+  count, window_metrics = _throughput(config)
+  try:
+    _, last = trainer.run(
+        state, p_train_step, lambda step: next(iterator), dropout_rng, evaluate=evaluate_fn,
+        eval_at=lambda step: step % config.eval_every_steps == 0, count=count,
+        window_metrics=window_metrics)
+  finally:
+    trainer.close()
   return last
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Fails before any work on a field that names another concept's field."""
+  from bert_jax.runtime import config_names
+  config_names.check(config)

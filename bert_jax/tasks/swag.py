@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence
 import ml_collections
 import numpy as np
 
-from bert_jax import finetuning, heads
+from bert_jax.tasks import finetuning
+from bert_jax.model import heads
 
 NUM_CHOICES = 4
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}

@@ -1,0 +1,190 @@
+"""The one filesystem layer: every path the project reads or writes goes through here, so a
+`gs://` path (or any URL TensorFlow's filesystems take) works wherever a local path does.
+
+Local paths take Python's own calls (fast, no TensorFlow import); URLs go to `tf.io.gfile`, the
+layer tf.data and TensorBoard use too. Orbax checkpoints take the same URLs (`etils.epath`).
+
+Cloud Storage emulator: with `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` set (the convention of
+Google's client libraries), every `gs://` path goes to that endpoint, in every layer
+(`configure_storage_emulator`, called on import before TensorFlow or TensorStore load).
+"""
+import builtins
+import contextlib
+import glob as glob_lib
+import os
+import posixpath
+import shutil
+import tempfile
+from typing import IO, Iterator, List
+
+from bert_jax.io import storage_emulator
+
+storage_emulator.configure()
+
+
+def is_url(path) -> bool:
+  """True for `scheme://...` paths (gs://, s3://, ...), which go through tf.io.gfile."""
+  return "://" in os.fspath(path)
+
+
+def _gfile():
+  import tensorflow as tf  # only URLs need it
+  return tf.io.gfile
+
+
+def absolute(path: str) -> str:
+  """An absolute local path, or the URL as given (os.path.abspath would make `gs:/b/run` of it)."""
+  path = os.fspath(path)
+  return path if is_url(path) else os.path.abspath(path)
+
+
+def join(base: str, *parts: str) -> str:
+  base = os.fspath(base)
+  return posixpath.join(base, *parts) if is_url(base) else os.path.join(base, *parts)
+
+
+def dirname(path: str) -> str:
+  path = os.fspath(path)
+  return posixpath.dirname(path.rstrip("/")) if is_url(path) else os.path.dirname(path)
+
+
+def basename(path: str) -> str:
+  path = os.fspath(path)
+  return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(path)
+
+
+def relpath(path: str, start: str) -> str:
+  if is_url(path):
+    prefix = start.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+  return os.path.relpath(path, start)
+
+
+def exists(path: str) -> bool:
+  return _gfile().exists(path) if is_url(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _gfile().isdir(path) if is_url(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  return exists(path) and not isdir(path)
+
+
+def makedirs(path: str) -> None:
+  if is_url(path):
+    _gfile().makedirs(path)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> List[str]:
+  if is_url(path):
+    return sorted(name.rstrip("/") for name in _gfile().listdir(path))
+  return sorted(os.listdir(path))
+
+
+def glob(pattern: str) -> List[str]:
+  return sorted(_gfile().glob(pattern) if is_url(pattern) else glob_lib.glob(pattern))
+
+
+def getsize(path: str) -> int:
+  return _gfile().stat(path).length if is_url(path) else os.path.getsize(path)
+
+
+def mtime(path: str) -> float:
+  """Last modification time in seconds (Cloud Storage: the object's)."""
+  if is_url(path):
+    return _gfile().stat(path).mtime_nsec / 1e9
+  return os.path.getmtime(path)
+
+
+def open(path: str, mode: str = "r", encoding: str = "utf-8") -> IO:  # noqa: A001
+  """A file object; text modes are UTF-8 (as everywhere in the project)."""
+  if is_url(path):
+    return _gfile().GFile(path, mode)
+  if "b" in mode:
+    return builtins.open(path, mode)
+  return builtins.open(path, mode, encoding=encoding)
+
+
+def read_text(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `text` whole: to a temporary name first, then renamed over `path`, so a reader never
+  sees half a file (Cloud Storage objects appear whole anyway)."""
+  if is_url(path):
+    with open(path, "w") as f:
+      f.write(text)
+    return
+  with builtins.open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
+def copy(source: str, target: str) -> None:
+  if is_url(source) or is_url(target):
+    _gfile().copy(source, target, overwrite=True)
+  else:
+    shutil.copyfile(source, target)
+
+
+def rename(source: str, target: str) -> None:
+  """Moves a file or a directory tree (on Cloud Storage: object by object)."""
+  if is_url(source) or is_url(target):
+    if isdir(source):
+      for directory, _, files in _gfile().walk(source):
+        relative = relpath(directory, source) if directory != source else ""
+        makedirs(join(target, relative) if relative else target)
+        for name in files:
+          _gfile().rename(join(directory, name), join(target, relative, name) if relative
+                          else join(target, name), overwrite=True)
+      _gfile().rmtree(source)
+    else:
+      _gfile().rename(source, target, overwrite=True)
+  else:
+    shutil.move(source, target)
+
+
+def remove(path: str) -> None:
+  if is_url(path):
+    _gfile().remove(path)
+  else:
+    os.remove(path)
+
+
+def rmtree(path: str) -> None:
+  if is_url(path):
+    _gfile().rmtree(path)
+  else:
+    shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+  """A local file path with `path`'s content, for readers that take only local files
+  (safetensors, SentencePiece); a local path is yielded as it is."""
+  if not is_url(path):
+    yield path
+    return
+  with tempfile.TemporaryDirectory(prefix="bert_jax_") as directory:
+    local = os.path.join(directory, basename(path))
+    copy(path, local)
+    yield local
+
+
+@contextlib.contextmanager
+def local_target(path: str) -> Iterator[str]:
+  """A local path to write to, uploaded to `path` when the block ends (writers that take only
+  local files); a local path is yielded as it is."""
+  if not is_url(path):
+    yield path
+    return
+  with tempfile.TemporaryDirectory(prefix="bert_jax_") as directory:
+    local = os.path.join(directory, basename(path))
+    yield local
+    copy(local, path)

@@ -1,0 +1,1 @@
+"""Text: tokenizers (`tokenization`) and the one `[CLS] a [SEP] b [SEP]` encoder (`pairs`)."""
