@@ -14,14 +14,15 @@ precision / recall / F1 as conlleval / seqeval. Writes WORKDIR/{dev,test}_predic
 (`word gold predicted`, conlleval's input) and results.json.
 
 The paper (BERT-base, CoNLL-2003): dev F1 96.4, test 92.4 (with document context).
-`:quick` trains a few steps on the tiny fixtures in tests/fixtures (the tests run it).
+`:quick` trains a few steps on the tiny fixtures in experiments/fixtures (shipped with the
+package; the tests run it).
 """
 import os
 
 from experiments import finetuning_defaults
 
-_FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
-                         "fixtures")
+# Shipped with the package (setup.cfg package_data): an installed bert_jax has no tests folder.
+_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 _QUICK_FILES = {"conll2003": ("conll2003_tiny.iob1", "iob1"), "wnut17": ("wnut17_tiny.conll",
                                                                        "iob2")}
 

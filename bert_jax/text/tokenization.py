@@ -22,7 +22,6 @@ lower-casing), so they cannot give parity. `BasicTokenizer` + `WordpieceTokenize
 algorithm in pure Python (used when `tokenizers` is missing, and by the tests as a cross-check).
 """
 import collections
-import os
 import re
 import threading
 import unicodedata
@@ -32,6 +31,8 @@ try:  # The fast WordPiece engine; a pure-Python path does the same work without
   import tokenizers as _hf_tokenizers
 except ImportError:  # pragma: no cover - tokenizers is a declared dependency
   _hf_tokenizers = None
+
+from bert_jax.io import filesystem
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -68,10 +69,10 @@ def load_vocab(vocab_file: str) -> Dict[str, int]:
   Read exactly as HF reads it (text mode, only the trailing newline removed) so that both agree on
   every vocabulary. A token listed twice keeps its last id, as in both references.
   """
-  if not vocab_file or not os.path.isfile(vocab_file):
+  if not vocab_file or not filesystem.isfile(vocab_file):
     raise FileNotFoundError(f"WordPiece vocabulary file not found: {vocab_file!r}")
   vocab = collections.OrderedDict()
-  with open(vocab_file, "r", encoding="utf-8") as reader:
+  with filesystem.open(vocab_file, "r") as reader:
     for index, token in enumerate(reader):
       vocab[token.rstrip("\n")] = index
   if not vocab:
@@ -128,12 +129,12 @@ def _char_class(codepoints: Sequence[int]) -> str:
   return pattern
 
 
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
                (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
-def _is_punctuation(char: str) -> bool:
-  """Reference `_is_punctuation`: all non-alphanumeric ASCII, and every Unicode P* category."""
+def is_punctuation(char: str) -> bool:
+  """The original `_is_punctuation`: all non-alphanumeric ASCII, and every Unicode P* category."""
   cp = ord(char)
   if (33 <= cp <= 47) or (58 <= cp <= 64) or (91 <= cp <= 96) or (123 <= cp <= 126):
     return True
@@ -160,7 +161,7 @@ class _Tables:
         mark.append(cp)
       elif cat[0] == "P" or (33 <= cp <= 47) or (58 <= cp <= 64) or (91 <= cp <= 96) or (
           123 <= cp <= 126):
-        punct.append(cp)  # _is_punctuation
+        punct.append(cp)  # is_punctuation
     self.drop = re.compile(_char_class(drop) + "+")
     self.space = re.compile(_char_class(space))
     self.mark = re.compile(_char_class(mark) + "+")
@@ -168,7 +169,7 @@ class _Tables:
     # Used as " ".join(punct.split(text)): split keeps the captured characters, join adds the
     # spaces, all in C (a "\\1" template would be expanded in Python for every match).
     self.punct = re.compile("(" + _char_class(punct) + ")")
-    cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _CJK_RANGES)
+    cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in CJK_RANGES)
     self.cjk = re.compile("([" + cjk + "])")
     # ASCII fast path: one str.translate does cleaning, whitespace and punctuation splitting.
     table = {}
@@ -178,7 +179,7 @@ class _Tables:
         table[cp] = " "
       elif unicodedata.category(char) == "Cc":  # 0-8, 11, 12, 14-31, 127 (0 included)
         table[cp] = None
-      elif _is_punctuation(char):
+      elif is_punctuation(char):
         table[cp] = f" {char} "
     self.ascii_table = str.maketrans(table)
 
@@ -437,11 +438,15 @@ class SentencePieceTokenizer:
 
   def __init__(self, spm_model_file: str, do_lower_case: bool = False):
     import sentencepiece as spm
-    if not spm_model_file or not os.path.isfile(spm_model_file):
+    if not spm_model_file or not filesystem.isfile(spm_model_file):
       raise FileNotFoundError(f"SentencePiece model file not found: {spm_model_file!r}")
     self.spm_model_file = spm_model_file
     self.do_lower_case = do_lower_case
-    self.sp = spm.SentencePieceProcessor(model_file=spm_model_file)
+    if filesystem.is_url(spm_model_file):
+      with filesystem.open(spm_model_file, "rb") as f:
+        self.sp = spm.SentencePieceProcessor(model_proto=f.read())
+    else:
+      self.sp = spm.SentencePieceProcessor(model_file=spm_model_file)
     self.vocab = collections.OrderedDict(
         (self.sp.id_to_piece(i), i) for i in range(self.sp.get_piece_size()))
     self.inv_vocab = {v: k for k, v in self.vocab.items()}

@@ -1,0 +1,66 @@
+"""The package layout: imports run one way between layers, and no module reaches into another
+module's private names."""
+import ast
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("bert_jax", "data_pipelines")
+
+
+def _modules():
+  for package in PACKAGES:
+    for directory, _, files in os.walk(os.path.join(ROOT, package)):
+      for name in files:
+        if name.endswith(".py"):
+          yield os.path.join(directory, name)
+
+
+def test_layer_contracts_hold():
+  """`lint-imports` checks the [importlinter] contracts of setup.cfg (the layer order)."""
+  command = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
+  if command is None:
+    pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+  result = subprocess.run([command, "--config", os.path.join(ROOT, "setup.cfg")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "0 broken" in result.stdout
+
+
+def _private_uses(path):
+  """(line, text) of every `module._name` or `from module import _name` of a project module."""
+  tree = ast.parse(open(path, encoding="utf-8").read(), path)
+  modules = set()
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+      for alias in node.names:
+        if alias.name.startswith("_") and not alias.name.startswith("__"):
+          found.append((node.lineno, f"from {node.module} import {alias.name}"))
+        modules.add(alias.asname or alias.name)
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.split(".")[0] in PACKAGES:
+          modules.add(alias.asname or alias.name.split(".")[0])
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in modules and node.attr.startswith("_")
+        and not node.attr.startswith("__")):
+      found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+  return found
+
+
+def test_no_module_uses_another_modules_private_names():
+  offences = [f"{os.path.relpath(path, ROOT)}:{line}: {text}"
+              for path in _modules() for line, text in _private_uses(path)]
+  assert not offences, "\n".join(offences)
+
+
+def test_the_private_name_check_finds_an_offence(tmp_path):
+  sample = tmp_path / "sample.py"
+  sample.write_text("from bert_jax.io import checkpoints\nx = checkpoints._per_layer\n")
+  assert _private_uses(str(sample)) == [(2, "checkpoints._per_layer")]
