@@ -17,7 +17,6 @@ of --max_seq_length (the same features, less padding computed; at most max_seq_l
 compiled).
 """
 import json
-import os
 import re
 from typing import Iterator, Optional, Sequence, Tuple
 
@@ -25,7 +24,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bert_jax.io import checkpoints
+from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import modeling
 from bert_jax.runtime.length_buckets import bucket_length
 from bert_jax.text.pairs import join_pair, truncate_seq_pair
@@ -35,9 +34,9 @@ _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
 def read_examples(path: str) -> Iterator[Tuple[int, str, Optional[str]]]:
   """(line index, text_a, text_b or None) for every line; streamed, never all in memory."""
-  if not os.path.exists(path):
+  if not filesystem.exists(path):
     raise FileNotFoundError(f"Input file not found: {path}")
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with filesystem.open(path, encoding="utf-8", errors="replace") as f:
     for index, line in enumerate(f):
       line = line.rstrip("\n")
       match = _PAIR.match(line)
@@ -115,7 +114,7 @@ def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
   """Writes the features of every line of `input_file`; returns the number of lines."""
   if pooling not in (None, "", "cls", "mean"):
     raise ValueError(f"--pooling={pooling!r}: expected cls or mean")
-  if not os.path.exists(input_file):  # fail before loading the checkpoint
+  if not filesystem.exists(input_file):  # fail before loading the checkpoint
     raise FileNotFoundError(f"Input file not found: {input_file}")
   if length_bucket < 0:
     raise ValueError(f"--length_bucket={length_bucket}: must be >= 0 (0: pad to --max_seq_length)")
@@ -129,9 +128,9 @@ def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
   if tokenizer.vocab_size > extractor.config.vocab_size:
     raise ValueError(f"The vocabulary has {tokenizer.vocab_size} entries but the checkpoint "
                      f"{init_checkpoint} has vocab_size={extractor.config.vocab_size}")
-  os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+  filesystem.makedirs(filesystem.dirname(filesystem.absolute(output_file)))
   count = 0
-  with open(output_file, "w", encoding="utf-8") as out:
+  with filesystem.open(output_file, "w") as out:
     for batch in _batches(read_examples(input_file), tokenizer, max_seq_length, batch_size):
       length = max(len(b[2]) for b in batch)
       ids = np.zeros((len(batch), length), np.int32)
@@ -184,9 +183,9 @@ def main(argv):
   from bert_jax.text import tokenization
   vocab_file = FLAGS.vocab_file
   if not vocab_file and not FLAGS.spm_model_file:
-    base = FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(
-        FLAGS.init_checkpoint)
-    vocab_file = os.path.join(base, "vocab.txt")
+    base = (FLAGS.init_checkpoint if filesystem.isdir(FLAGS.init_checkpoint)
+            else filesystem.dirname(FLAGS.init_checkpoint))
+    vocab_file = filesystem.join(base, "vocab.txt")
   tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file or None,
                                             spm_model_file=FLAGS.spm_model_file,
                                             do_lower_case=FLAGS.do_lower_case)

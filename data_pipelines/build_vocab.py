@@ -33,14 +33,15 @@ SentencePiece models reserve BERT's special tokens at fixed ids: [PAD]=0, [UNK]=
 --do_lower_case the model itself case-folds (SentencePiece rule `nmt_nfkc_cf`).
 """
 import collections
-import glob
 import heapq
 import math
 import os
+import tempfile
 from typing import Counter, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from absl import app, flags, logging
 
+from bert_jax.io import filesystem
 from bert_jax.text import tokenization
 
 FLAGS = flags.FLAGS
@@ -80,8 +81,8 @@ def expand_input_files(spec: str) -> List[str]:
   for part in (p.strip() for p in (spec or "").split(",")):
     if not part:
       continue
-    matches = sorted(glob.glob(part)) if glob.has_magic(part) else [part]
-    matches = [m for m in matches if os.path.isfile(m)]
+    matches = filesystem.glob(part) if filesystem.has_magic(part) else [part]
+    matches = [m for m in matches if filesystem.isfile(m)]
     if not matches:
       raise FileNotFoundError(f"Input file not found (or glob matched no file): {part}")
     files.extend(m for m in matches if m not in files)
@@ -93,7 +94,7 @@ def expand_input_files(spec: str) -> List[str]:
 def iter_lines(files: Sequence[str]) -> Iterator[str]:
   """Non-empty lines of every file, streamed; undecodable bytes become U+FFFD (dropped later)."""
   for path in files:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with filesystem.open(path, encoding="utf-8", errors="replace") as f:
       for line in f:
         line = line.strip()
         if line:
@@ -279,12 +280,9 @@ def build_wordpiece_vocab(word_counts: Dict[str, int], vocab_size: int, min_freq
 
 
 def write_lines(path: str, entries: Sequence[str]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for entry in entries:
-      f.write(entry + "\n")
-  os.replace(tmp, path)  # never leave a half-written vocabulary behind
+  filesystem.makedirs(filesystem.dirname(filesystem.absolute(path)))
+  # Atomic: never leave a half-written vocabulary behind.
+  filesystem.write_text(path, "".join(entry + "\n" for entry in entries))
 
 
 def train_wordpiece(input_files: Sequence[str], output_file: str, vocab_size: int = 30522,
@@ -310,9 +308,28 @@ def train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_siz
                         num_unused: int = 0, character_coverage: float = 0.9995,
                         input_sentence_size: int = 10_000_000) -> str:
   """Trains a SentencePiece model with BERT's special tokens reserved; returns PREFIX.model."""
-  import sentencepiece as spm
   _require_text(input_files)
-  os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
+  filesystem.makedirs(filesystem.dirname(filesystem.absolute(model_prefix)))
+  if filesystem.is_url(model_prefix):
+    # SentencePiece writes only local files: train into a local temporary directory, then copy
+    # PREFIX.model and PREFIX.vocab to the URL.
+    with tempfile.TemporaryDirectory(prefix="bert_jax_spm_") as directory:
+      local_prefix = os.path.join(directory, filesystem.basename(model_prefix))
+      _train_sentencepiece(input_files, local_prefix, vocab_size, model_type, do_lower_case,
+                           num_unused, character_coverage, input_sentence_size)
+      for suffix in (".model", ".vocab"):
+        filesystem.copy(local_prefix + suffix, model_prefix + suffix)
+  else:
+    _train_sentencepiece(input_files, model_prefix, vocab_size, model_type, do_lower_case,
+                         num_unused, character_coverage, input_sentence_size)
+  return model_prefix + ".model"
+
+
+def _train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_size: int,
+                         model_type: str, do_lower_case: bool, num_unused: int,
+                         character_coverage: float, input_sentence_size: int) -> None:
+  """SentencePiece training into the local files PREFIX.model and PREFIX.vocab."""
+  import sentencepiece as spm
   ids = tokenization.SPM_SPECIAL_IDS
   try:
     spm.SentencePieceTrainer.train(
@@ -330,7 +347,6 @@ def train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_siz
   except RuntimeError as e:
     # E.g. "Vocabulary size too high (N). Please set it to a value <= M." on a small corpus.
     raise ValueError(f"SentencePiece training on {', '.join(input_files)} failed: {e}") from e
-  return model_prefix + ".model"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,11 +358,11 @@ def main(argv):
   if not FLAGS.output_dir and not FLAGS.output_file:
     raise app.UsageError("Give --output_dir or --output_file")
   if FLAGS.model_type == "wordpiece":
-    output = FLAGS.output_file or os.path.join(FLAGS.output_dir, "vocab.txt")
+    output = FLAGS.output_file or filesystem.join(FLAGS.output_dir, "vocab.txt")
     train_wordpiece(files, output, FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.min_frequency,
                     FLAGS.num_unused, FLAGS.max_input_chars_per_word, FLAGS.wordpiece_criterion)
   else:
-    prefix = FLAGS.output_file or os.path.join(FLAGS.output_dir, FLAGS.spm_model_prefix)
+    prefix = FLAGS.output_file or filesystem.join(FLAGS.output_dir, FLAGS.spm_model_prefix)
     output = train_sentencepiece(files, prefix, FLAGS.vocab_size, FLAGS.spm_model_type,
                                  FLAGS.do_lower_case, FLAGS.num_unused,
                                  FLAGS.character_coverage, FLAGS.input_sentence_size)

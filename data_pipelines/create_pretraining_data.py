@@ -46,6 +46,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bert_jax.io import filesystem
 from bert_jax.text.pairs import join_pair, truncate_seq_pair  # noqa: F401 (public here too)
 from data_pipelines import features as F
 
@@ -364,6 +365,7 @@ def _record_writer(path: str):
 
 
 def bucket_path(bucket_dir: str, bucket: int, block_index: int) -> str:
+  # Bucket files live in a local temporary directory (see create_pretraining_data).
   return os.path.join(bucket_dir, f"bucket-{bucket:05d}-block-{block_index:08d}.tfrecord")
 
 
@@ -395,7 +397,7 @@ def documents_from_files(files: Sequence[str], options: Options,
   """
   for path in files:
     document: List[str] = []
-    with open(path, "rb") as f:
+    with filesystem.open(path, "rb") as f:
       line_number = 0
       while True:
         raw, cut = _read_line(f, options.max_line_bytes)
@@ -484,10 +486,10 @@ def _check_writable(paths: Sequence[str]) -> None:
   import tensorflow as tf
   for path in paths:
     try:
-      directory = os.path.dirname(path)
+      directory = filesystem.dirname(path)
       if directory:
-        tf.io.gfile.makedirs(directory)
-      with tf.io.gfile.GFile(path, "wb"):
+        filesystem.makedirs(directory)
+      with filesystem.open(path, "wb"):
         pass
     except (OSError, tf.errors.OpError) as e:
       raise PermissionError(f"Cannot write the output file {path}: {e}") from None
@@ -607,13 +609,14 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
   from data_pipelines import masking
   masking.SpecialTokens.from_tokenizer(tokenizer)  # fails now, naming a missing special token
   _check_writable(output_files)
-  input_bytes = None if tfds_name else sum(os.path.getsize(p) for p in input_files)
+  input_bytes = None if tfds_name else sum(filesystem.getsize(p) for p in input_files)
   num_buckets = _num_buckets(input_bytes, opts)
   stats = Stats()
   started = time.time()
+  # Temporary bucket files: always local (beside a local output, else in the system's temp dir).
   bucket_dir = tempfile.mkdtemp(prefix="bert_jax_buckets_",
-                                dir=os.path.dirname(os.path.abspath(output_files[0]))
-                                if "://" not in output_files[0] else None)
+                                dir=None if filesystem.is_url(output_files[0]) else
+                                filesystem.dirname(filesystem.absolute(output_files[0])))
   try:
     if tfds_name:
       documents = documents_from_tfds(tfds_name, tfds_split, tfds_text_field, tfds_data_dir,
@@ -700,8 +703,7 @@ def main(argv):
       documents_per_block=FLAGS.documents_per_block, shuffle_bucket_mb=FLAGS.shuffle_bucket_mb,
       max_line_bytes=FLAGS.max_line_bytes)
   if FLAGS.stats_file:
-    with open(FLAGS.stats_file, "w") as f:
-      json.dump(dataclasses.asdict(stats), f, indent=1)
+    filesystem.write_text(FLAGS.stats_file, json.dumps(dataclasses.asdict(stats), indent=1))
 
 
 if __name__ == "__main__":

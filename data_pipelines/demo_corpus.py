@@ -11,6 +11,7 @@ import os
 import sysconfig
 from typing import Iterator, List
 
+from bert_jax.io import filesystem
 from data_pipelines.sentences import split_sentences
 
 _SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "turtledemo"}
@@ -18,6 +19,7 @@ _MIN_CHARS = 200
 
 
 def _docstrings() -> Iterator[str]:
+  # The local Python installation's own files: plain os/open calls.
   root = sysconfig.get_paths()["stdlib"]
   for dirpath, dirnames, files in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
@@ -65,8 +67,7 @@ def write_corpus(train_path: str, eval_path: str, max_documents: int = 0,
   Every `holdout_every`-th document goes to `eval_path`. Returns (train docs, eval docs).
   """
   counts = [0, 0]
-  with open(train_path, "w", encoding="utf-8") as train, \
-      open(eval_path, "w", encoding="utf-8") as held_out:
+  with filesystem.open(train_path, "w") as train, filesystem.open(eval_path, "w") as held_out:
     for i, sentences in enumerate(documents(max_documents)):
       is_eval = i % holdout_every == 0
       (held_out if is_eval else train).write("\n".join(sentences) + "\n\n")
@@ -83,12 +84,12 @@ def prepare(config, workdir: str) -> None:
   """
   from bert_jax.text import tokenization
   from data_pipelines import build_vocab, create_pretraining_data
-  data_dir = os.path.join(workdir, "data")
-  done = os.path.join(data_dir, "DONE")
-  paths = {name: os.path.join(data_dir, name)
+  data_dir = filesystem.join(workdir, "data")
+  done = filesystem.join(data_dir, "DONE")
+  paths = {name: filesystem.join(data_dir, name)
            for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
-  if not os.path.exists(done):
-    os.makedirs(data_dir, exist_ok=True)
+  if not filesystem.exists(done):
+    filesystem.makedirs(data_dir)
     print(f"Building the demo corpus from Python's documentation in {data_dir} ...", flush=True)
     train_docs, eval_docs = write_corpus(paths["train.txt"], paths["eval.txt"],
                                          config.data.get("demo_max_documents", 0))
@@ -102,9 +103,8 @@ def prepare(config, workdir: str) -> None:
           max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
           dupe_factor=config.data.get("dupe_factor", 5) if split == "train" else 1,
           masking="dynamic", progress=False)
-    with open(done, "w") as f:
-      f.write(f"{train_docs} train documents, {eval_docs} eval documents\n")
-  with open(paths["vocab.txt"], encoding="utf-8") as f:
+    filesystem.write_text(done, f"{train_docs} train documents, {eval_docs} eval documents\n")
+  with filesystem.open(paths["vocab.txt"]) as f:
     config.model.vocab_size = sum(1 for _ in f)
   config.data.input_files = paths["train.tfrecord"]
   config.data.eval_input_files = paths["eval.tfrecord"]

@@ -20,7 +20,6 @@ the same rows and iterator checkpoints still resume exactly. Evaluation is never
 metrics are those of the unpacked data and comparable across runs with and without packing.
 """
 import atexit
-import os
 import re
 import weakref
 from typing import Dict, Optional, Sequence, Union
@@ -28,6 +27,7 @@ from typing import Dict, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from bert_jax.io import filesystem
 from data_pipelines import features as F
 from data_pipelines import masking as M
 from data_pipelines import packing as P
@@ -47,7 +47,7 @@ def expand_patterns(file_patterns: Union[str, Sequence[str]]) -> list:
     file_patterns = [p for p in file_patterns.split(",") if p.strip()]
   files = []
   for pattern in file_patterns:
-    matched = sorted(tf.io.gfile.glob(pattern.strip()))
+    matched = sorted(tf.io.gfile.glob(pattern.strip()))  # local paths and gs:// URLs
     if not matched:
       raise FileNotFoundError(f"No input files match {pattern!r}")
     files.extend(matched)
@@ -249,11 +249,11 @@ class PipelineIterator:
           f"data_pipelines.check_records --input_files='{files}'` names the file.") from None
 
   def save(self, directory: str) -> None:
-    os.makedirs(directory, exist_ok=True)
-    self._checkpoint.write(os.path.join(directory, "iterator"))
+    filesystem.makedirs(directory)
+    self._checkpoint.write(filesystem.join(directory, "iterator"))  # takes gs:// URLs too
 
   def restore(self, directory: str) -> None:
-    prefix = os.path.join(directory, "iterator")
+    prefix = filesystem.join(directory, "iterator")
     if not tf.io.gfile.glob(prefix + "*"):
       raise FileNotFoundError(f"No input-pipeline state at {prefix}")
     self._checkpoint.read(prefix).assert_consumed()

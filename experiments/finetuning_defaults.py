@@ -44,8 +44,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.logical_axis_rules = ()          # () = bert_jax.sharding.DEFAULT_RULES
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
+  # kernels: "auto" picks the hand-tuned or textbook building blocks per backend (BertConfig).
   c.model = ml_collections.ConfigDict(dict(dtype="float32", scan_layers=False, remat=False,
-                                           causal_attention=False, float32_attention_logits=True))
+                                           causal_attention=False, float32_attention_logits=True,
+                                           kernels="auto"))
 
   c.log_every_steps = 50
   c.eval_every_steps = 0             # 0: evaluate on the whole dev set after every epoch

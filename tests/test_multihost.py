@@ -172,7 +172,7 @@ def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_pa
   experiment = fx.write_experiment(str(tmp_path), str(tmp_path / "data"), **overrides)
   workdir = str(tmp_path / "work")
   out = _launch(experiment, workdir, flag)
-  assert "[eval] step 4/4" in out
+  assert "[pretraining] eval step 4/4" in out
   # Each host saved its own input position; metrics are written once (process 0).
   data_dir = os.path.join(workdir, "checkpoints", "4", "data")
   assert {"process_0", "process_1"} <= set(os.listdir(data_dir))

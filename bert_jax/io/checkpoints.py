@@ -9,17 +9,16 @@ implies; a missing, unexpected or mis-shaped tensor raises `CheckpointMismatchEr
 Internally every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}
 in this project's names; the per-format code is only the renaming.
 """
-import glob
 import json
-import os
 import re
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import jax
 import numpy as np
 from absl import logging
 from flax import traverse_util
 
+from bert_jax.io import filesystem
 from bert_jax.model import modeling
 from bert_jax.model.config import BertConfig
 
@@ -32,6 +31,41 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt.pt")
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint's tensors do not match the model the config describes."""
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_config(path: str) -> BertConfig:
+  """A `BertConfig` from a JSON file, local or a URL (gs://...)."""
+  if not filesystem.exists(path):
+    raise FileNotFoundError(f"BERT config file not found: {path}")
+  return BertConfig.from_json_string(filesystem.read_text(path), source=path)
+
+
+def write_config(config: BertConfig, path: str, include_runtime: bool = False) -> None:
+  """Writes `config` as JSON (what `BertConfig.to_json_file` writes), local or a URL."""
+  filesystem.write_text(path, config.to_json_string(include_runtime))
+
+
+def load_safetensors(path: str) -> Dict[str, np.ndarray]:
+  """{name: array} of a safetensors file, local (memory-mapped read) or a URL."""
+  from safetensors import numpy as st
+  if not filesystem.is_url(path):
+    return st.load_file(path)
+  with filesystem.open(path, "rb") as f:
+    return st.load(f.read())
+
+
+def save_safetensors(state: Dict[str, np.ndarray], path: str,
+                     metadata: Optional[Dict[str, str]] = None) -> None:
+  """Writes a safetensors file, local or a URL."""
+  from safetensors import numpy as st
+  if not filesystem.is_url(path):
+    st.save_file(state, path, metadata=metadata)
+    return
+  with filesystem.open(path, "wb") as f:
+    f.write(st.save(state, metadata=metadata))
 
 
 # --------------------------------------------------------------------------- shapes and checks
@@ -151,16 +185,14 @@ def _hf_to_flat(state: Dict[str, np.ndarray]) -> Flat:
 
 
 def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
-  single = os.path.join(directory, "model.safetensors")
-  index = os.path.join(directory, "model.safetensors.index.json")
-  if os.path.exists(single):
-    return load_file(single)
-  with open(index, encoding="utf-8") as f:
-    shards = sorted(set(json.load(f)["weight_map"].values()))
+  single = filesystem.join(directory, "model.safetensors")
+  index = filesystem.join(directory, "model.safetensors.index.json")
+  if filesystem.exists(single):
+    return load_safetensors(single)
+  shards = sorted(set(json.loads(filesystem.read_text(index))["weight_map"].values()))
   state = {}
   for shard in shards:
-    state.update(load_file(os.path.join(directory, shard)))
+    state.update(load_safetensors(filesystem.join(directory, shard)))
   return state
 
 
@@ -170,16 +202,18 @@ def _read_pickle(path: str, allow_pickle: bool) -> Dict[str, np.ndarray]:
         f"Refusing to load {path}: pickle files can run arbitrary code when loaded. Convert it to "
         "safetensors, or pass allow_pickle=True (--allow_pickle) if you trust its source.")
   import torch  # Only needed for this opt-in path.
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  with filesystem.local_copy(path) as local:
+    state = torch.load(local, map_location="cpu", weights_only=True)
   return {k: v.float().numpy() for k, v in state.items()}
 
 
 def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, Dict]:
-  config = BertConfig.from_json_file(os.path.join(directory, "config.json"))
-  if glob.glob(os.path.join(directory, "model*.safetensors*")):
+  config = read_config(filesystem.join(directory, "config.json"))
+  if filesystem.glob(filesystem.join(directory, "model*.safetensors*")):
     state = _read_safetensors(directory)
   else:
-    pickles = [p for p in glob.glob(os.path.join(directory, "*")) if p.endswith(PICKLE_SUFFIXES)]
+    pickles = [p for p in filesystem.glob(filesystem.join(directory, "*"))
+               if p.endswith(PICKLE_SUFFIXES)]
     if not pickles:
       raise FileNotFoundError(f"{directory} has config.json but no model.safetensors")
     state = _read_pickle(pickles[0], allow_pickle)
@@ -194,8 +228,7 @@ def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None
 
   With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's.
   """
-  from safetensors.numpy import save_file
-  os.makedirs(directory, exist_ok=True)
+  filesystem.makedirs(directory)
   flat = flatten(_per_layer(params, config))
   has_heads = any(k.startswith("cls/") for k in flat)
   state = {}
@@ -218,14 +251,15 @@ def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None
     # transformers ties these to the embeddings and bias; written so no key is reported missing.
     state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].copy()
-  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  save_safetensors(state, filesystem.join(directory, "model.safetensors"),
+                   metadata={"format": "pt"})
   hf_config = config.to_dict(include_runtime=False)
   if hf_config["hidden_act"] == "gelu_tanh":
     hf_config["hidden_act"] = "gelu_pytorch_tanh"  # transformers' name for the tanh form
   hf_config.update(model_type="bert", architectures=[
       "BertForPreTraining" if has_heads else "BertModel"], pad_token_id=0)
-  with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
+  filesystem.write_text(filesystem.join(directory, "config.json"),
+                        json.dumps(hf_config, indent=2, sort_keys=True))
 
 
 # --------------------------------------------------------------------------- Google TF
@@ -271,12 +305,11 @@ def _flat_to_tf(flat: Flat) -> Flat:
 
 def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertConfig, Dict]:
   import tensorflow as tf
-  config_path = os.path.join(os.path.dirname(prefix), "bert_config.json")
-  config = BertConfig.from_json_file(config_path)
+  config = read_config(filesystem.join(filesystem.dirname(prefix), "bert_config.json"))
   if tf_gelu_approximate and config.hidden_act == "gelu":
     # The original TF code's gelu() is the tanh approximation, whatever the JSON says.
     config = config.replace(hidden_act="gelu_tanh")
-  reader = tf.train.load_checkpoint(prefix)
+  reader = tf.train.load_checkpoint(prefix)  # takes gs:// URLs too
   variables = {name: reader.get_tensor(name)
                for name in reader.get_variable_to_shape_map()}
   params = check_and_unflatten(_tf_to_flat(variables), config, prefix)
@@ -284,9 +317,12 @@ def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertCon
 
 
 def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
-  """Writes a TF1-style checkpoint with the original variable names plus `bert_config.json`."""
+  """Writes a TF1-style checkpoint with the original variable names plus `bert_config.json`.
+
+  `prefix` may be a URL: TF's saver writes gs:// natively."""
   import tensorflow as tf
-  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+  directory = filesystem.dirname(filesystem.absolute(prefix))
+  filesystem.makedirs(directory)
   variables = _flat_to_tf(flatten(_per_layer(params, config)))
   with tf.Graph().as_default():
     tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
@@ -297,8 +333,8 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   tf_config = config.to_dict(include_runtime=False)
   if tf_config["hidden_act"] == "gelu_tanh":
     tf_config["hidden_act"] = "gelu"  # what the original code calls its tanh form
-  with open(os.path.join(os.path.dirname(os.path.abspath(prefix)), "bert_config.json"), "w") as f:
-    json.dump(tf_config, f, indent=2, sort_keys=True)
+  filesystem.write_text(filesystem.join(directory, "bert_config.json"),
+                        json.dumps(tf_config, indent=2, sort_keys=True))
 
 
 # --------------------------------------------------------------------------- own format
@@ -306,18 +342,17 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
 
 def save_pretrained(config: BertConfig, params: Dict, directory: str) -> None:
   """This project's export: `bert_jax_config.json` + `params.safetensors` (flat names)."""
-  from safetensors.numpy import save_file
-  os.makedirs(directory, exist_ok=True)
+  filesystem.makedirs(directory)
   flat = {k: np.ascontiguousarray(v, np.float32)
           for k, v in flatten(_per_layer(params, config)).items()}
-  save_file(flat, os.path.join(directory, OWN_PARAMS))
-  config.to_json_file(os.path.join(directory, OWN_CONFIG), include_runtime=True)
+  save_safetensors(flat, filesystem.join(directory, OWN_PARAMS))
+  write_config(config, filesystem.join(directory, OWN_CONFIG), include_runtime=True)
 
 
 def _load_own(directory: str) -> Tuple[BertConfig, Dict]:
-  from safetensors.numpy import load_file
-  config = BertConfig.from_json_file(os.path.join(directory, OWN_CONFIG))
-  params = check_and_unflatten(load_file(os.path.join(directory, OWN_PARAMS)), config, directory)
+  config = read_config(filesystem.join(directory, OWN_CONFIG))
+  params = check_and_unflatten(load_safetensors(filesystem.join(directory, OWN_PARAMS)), config,
+                               directory)
   return config, params
 
 
@@ -336,22 +371,22 @@ def _per_layer(params: Dict, config: BertConfig) -> Dict:
 
 def detect_format(path: str) -> str:
   """'own', 'huggingface', 'tf' or 'workdir' for a path, or a clear error."""
-  if os.path.isdir(path):
-    if os.path.exists(os.path.join(path, OWN_CONFIG)):
+  if filesystem.isdir(path):
+    if filesystem.exists(filesystem.join(path, OWN_CONFIG)):
       return "own"
-    if os.path.exists(os.path.join(path, "config.json")):
+    if filesystem.exists(filesystem.join(path, "config.json")):
       return "huggingface"
-    if os.path.isdir(os.path.join(path, "checkpoints")):
+    if filesystem.isdir(filesystem.join(path, "checkpoints")):
       return "workdir"
-    if glob.glob(os.path.join(path, "*.index")) and os.path.exists(
-        os.path.join(path, "bert_config.json")):
+    if filesystem.glob(filesystem.join(path, "*.index")) and filesystem.exists(
+        filesystem.join(path, "bert_config.json")):
       return "tf"
     raise ValueError(f"{path}: not a recognised checkpoint directory (expected config.json + "
                      f"model.safetensors, {OWN_CONFIG}, bert_config.json + bert_model.ckpt.*, "
                      "or a training workdir with checkpoints/)")
-  if os.path.exists(path + ".index"):
+  if filesystem.exists(path + ".index"):
     return "tf"
-  if path.endswith(PICKLE_SUFFIXES) and os.path.exists(path):
+  if path.endswith(PICKLE_SUFFIXES) and filesystem.exists(path):
     raise ValueError(f"{path}: give the directory holding config.json and this file")
   raise FileNotFoundError(f"Checkpoint not found: {path}")
 
@@ -372,8 +407,8 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
     return _load_huggingface(path, allow_pickle)
   if fmt == "tf":
     prefix = path
-    if os.path.isdir(path):
-      index = sorted(glob.glob(os.path.join(path, "*.index")))
+    if filesystem.isdir(path):
+      index = filesystem.glob(filesystem.join(path, "*.index"))
       prefix = index[0][:-len(".index")]
     return _load_tf_checkpoint(prefix, tf_gelu_approximate)
   if fmt == "own":
@@ -384,7 +419,7 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
 def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:
   """(BertConfig, params) from the newest checkpoint of a training workdir (e.g. phase 1)."""
   from bert_jax.io import training_checkpoints  # workdir: only needed with a training run
-  config = BertConfig.from_json_file(os.path.join(workdir, training_checkpoints.BERT_CONFIG))
+  config = read_config(filesystem.join(workdir, training_checkpoints.BERT_CONFIG))
   checkpointer = training_checkpoints.TrainingCheckpointer(workdir, async_save=False)
   try:
     step = checkpointer.latest_step()

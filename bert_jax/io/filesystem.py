@@ -11,11 +11,12 @@ Google's client libraries), every `gs://` path goes to that endpoint, in every l
 import builtins
 import contextlib
 import glob as glob_lib
+import io
 import os
 import posixpath
 import shutil
 import tempfile
-from typing import IO, Iterator, List
+from typing import IO, Iterator, List, Optional
 
 from bert_jax.io import storage_emulator
 
@@ -53,6 +54,15 @@ def basename(path: str) -> str:
   return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(path)
 
 
+def normpath(path: str) -> str:
+  """`os.path.normpath` (`a/b/../c` -> `a/c`); for a URL, of the part after `scheme://`."""
+  path = os.fspath(path)
+  if is_url(path):
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{posixpath.normpath(rest)}"
+  return os.path.normpath(path)
+
+
 def relpath(path: str, start: str) -> str:
   if is_url(path):
     prefix = start.rstrip("/") + "/"
@@ -85,6 +95,11 @@ def listdir(path: str) -> List[str]:
   return sorted(os.listdir(path))
 
 
+def has_magic(pattern: str) -> bool:
+  """True when `pattern` has glob wildcards (`*`, `?`, `[`)."""
+  return glob_lib.has_magic(os.fspath(pattern))
+
+
 def glob(pattern: str) -> List[str]:
   return sorted(_gfile().glob(pattern) if is_url(pattern) else glob_lib.glob(pattern))
 
@@ -100,13 +115,64 @@ def mtime(path: str) -> float:
   return os.path.getmtime(path)
 
 
-def open(path: str, mode: str = "r", encoding: str = "utf-8") -> IO:  # noqa: A001
-  """A file object; text modes are UTF-8 (as everywhere in the project)."""
+class _GFileRaw(io.RawIOBase):
+  """A binary GFile as a raw stream: wrapped in `io.BufferedReader` / `io.TextIOWrapper`, a URL
+  reads as `open` reads a file (`readline(limit)`, `errors=`, `newline=`)."""
+
+  def __init__(self, gfile, mode: str):
+    super().__init__()
+    self._file, self._mode = gfile, mode
+
+  def readable(self) -> bool:
+    return "r" in self._mode
+
+  def writable(self) -> bool:
+    return "w" in self._mode or "a" in self._mode
+
+  def readinto(self, buffer) -> int:
+    data = self._file.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
+
+  def readall(self) -> bytes:
+    return self._file.read()
+
+  def seekable(self) -> bool:
+    return self.readable()
+
+  def seek(self, offset: int, whence: int = 0) -> int:
+    self._file.seek(offset, whence)
+    return self._file.tell()
+
+  def tell(self) -> int:
+    return self._file.tell()
+
+  def write(self, data) -> int:
+    self._file.write(bytes(data))
+    return len(data)
+
+  def close(self) -> None:
+    if not self.closed:
+      self._file.close()
+    super().close()
+
+
+def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[str] = None,  # noqa: A001
+         newline: Optional[str] = None) -> IO:
+  """A file object; text modes are UTF-8 (as everywhere in the project). `errors` and `newline`
+  mean what they mean to Python's `open`, for URLs too (text goes through `io.TextIOWrapper`)."""
   if is_url(path):
-    return _gfile().GFile(path, mode)
+    if "b" in mode and "r" not in mode:
+      return _gfile().GFile(path, mode)
+    raw = _GFileRaw(_gfile().GFile(path, mode.replace("t", "").replace("b", "") + "b"), mode)
+    buffered = (io.BufferedReader(raw, 1 << 20) if raw.readable()
+                else io.BufferedWriter(raw, 1 << 20))
+    if "b" in mode:
+      return buffered
+    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline)
   if "b" in mode:
     return builtins.open(path, mode)
-  return builtins.open(path, mode, encoding=encoding)
+  return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
 
 
 def read_text(path: str) -> str:

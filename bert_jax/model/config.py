@@ -115,15 +115,22 @@ class BertConfig:
       raise ValueError(f"Invalid BERT config{' in ' + source if source else ''}: {e}") from e
 
   @classmethod
+  def from_json_string(cls, text: str, source: Optional[str] = None) -> "BertConfig":
+    """Parses a JSON config; `source` (a path or URL) names it in errors. File I/O, local or
+    gs://, is the caller's (bert_jax.io.checkpoints.read_config)."""
+    try:
+      values = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{source or 'BERT config'}: not valid JSON ({e})") from e
+    return cls.from_dict(values, source=source)
+
+  @classmethod
   def from_json_file(cls, path: str) -> "BertConfig":
+    """Local files only; bert_jax.io.checkpoints.read_config also takes gs:// URLs."""
     if not os.path.exists(path):
       raise FileNotFoundError(f"BERT config file not found: {path}")
     with open(path, encoding="utf-8") as f:
-      try:
-        values = json.load(f)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    return cls.from_dict(values, source=path)
+      return cls.from_json_string(f.read(), source=path)
 
   def to_dict(self, include_runtime: bool = True) -> Dict[str, Any]:
     values = dataclasses.asdict(self)
@@ -132,10 +139,13 @@ class BertConfig:
         values.pop(field)
     return values
 
+  def to_json_string(self, include_runtime: bool = False) -> str:
+    return json.dumps(self.to_dict(include_runtime), indent=2, sort_keys=True) + "\n"
+
   def to_json_file(self, path: str, include_runtime: bool = False) -> None:
+    """Local files only; bert_jax.io.checkpoints.write_config also takes gs:// URLs."""
     with open(path, "w", encoding="utf-8") as f:
-      json.dump(self.to_dict(include_runtime), f, indent=2, sort_keys=True)
-      f.write("\n")
+      f.write(self.to_json_string(include_runtime))
 
   def replace(self, **changes) -> "BertConfig":
     return dataclasses.replace(self, **changes)

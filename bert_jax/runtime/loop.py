@@ -188,7 +188,7 @@ class Trainer:
           window_start = time.time()
         if preempted:
           self.checkpointer.wait()
-          print(f"[{self.name}] Preempted: checkpoint at step {step} saved; exiting.", flush=True)
+          print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)
           break
     self.preempted = step < settings.num_steps
     return state, last

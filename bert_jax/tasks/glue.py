@@ -21,14 +21,13 @@ the leaderboard's label strings.
 """
 import dataclasses
 import json
-import os
-import shutil
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import ml_collections
 import numpy as np
 from absl import logging
 
+from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
 from bert_jax.model import heads
 
@@ -99,7 +98,7 @@ GLUE_TASKS: Dict[str, GlueSpec] = {s.name: s for s in [
              files=(("train", "train.tsv"), ("dev", "dev_matched.tsv"),
                     ("dev_mismatched", "dev_mismatched.tsv"), ("test", "test_matched.tsv"),
                     ("test_mismatched", "test_mismatched.tsv"),
-                    ("ax", os.path.join("..", "diagnostic", "diagnostic.tsv"))),
+                    ("ax", "../diagnostic/diagnostic.tsv")),
              submissions=(("test", "MNLI-m.tsv"), ("test_mismatched", "MNLI-mm.tsv"),
                           ("ax", "AX.tsv")),
              tfds_splits=(("train", "mnli", "train"), ("dev", "mnli", "validation_matched"),
@@ -160,19 +159,19 @@ def _check_label(spec: GlueSpec, raw: str, where: str) -> Union[str, float]:
 
 def read_tsv(spec: GlueSpec, path: str, labelled: bool) -> List[GlueExample]:
   """Examples of one official GLUE TSV file; every row is checked (see the module docstring)."""
-  if not os.path.exists(path):
+  if not filesystem.exists(path):
     raise FileNotFoundError(f"GLUE file not found: {path} (is --config.data.glue_dir the folder "
                             f"the GLUE download script wrote, with {spec.folder}/ inside?)")
   has_header = spec.labelled_header or not labelled
   if labelled:
     wanted = spec.columns
-  elif os.path.basename(path) == "diagnostic.tsv":
+  elif filesystem.basename(path) == "diagnostic.tsv":
     wanted = _AX_COLUMNS
   else:
     wanted = spec.test_columns
   examples, skipped = [], 0
   # utf-8-sig: MRPC's files start with a byte-order mark, as GLUE ships them.
-  with open(path, encoding="utf-8-sig") as f:
+  with filesystem.open(path, encoding="utf-8-sig") as f:
     header = f.readline().rstrip("\r\n").split("\t") if has_header else None
     index = _column_index(wanted, header, path)
     width = len(header) if header else None
@@ -246,8 +245,8 @@ def read_examples(spec: GlueSpec, data: ml_collections.ConfigDict, split: str
     raise ValueError("config.data.glue_dir is empty: the folder the GLUE download script wrote "
                      "(or use --config.data.source=tfds)")
   files = dict(spec.files)
-  return read_tsv(spec, os.path.normpath(os.path.join(data.glue_dir, spec.folder, files[split])),
-                  labelled)
+  return read_tsv(spec, filesystem.normpath(filesystem.join(data.glue_dir, spec.folder,
+                                                            files[split])), labelled)
 
 
 # ----------------------------------------------------------------------------------- metrics
@@ -293,17 +292,16 @@ def write_predictions(spec: GlueSpec, workdir: str, split: str, examples: Sequen
   import jax
   submissions = dict(spec.submissions)
   if split in submissions:
-    path = os.path.join(workdir, submissions[split])
+    path = filesystem.join(workdir, submissions[split])
     lines = ["index\tprediction"] + [f"{e.guid}\t{_format(spec, p)}"
                                      for e, p in zip(examples, predictions)]
   else:
-    path = os.path.join(workdir, f"{split}_predictions.tsv")
+    path = filesystem.join(workdir, f"{split}_predictions.tsv")
     lines = ["index\tprediction\tlabel"] + [
         f"{e.guid}\t{_format(spec, p)}\t{_format(spec, e.label)}"
         for e, p in zip(examples, predictions)]
   if jax.process_index() == 0:
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines) + "\n")
+    filesystem.write_text(path, "\n".join(lines) + "\n")
   return [path]
 
 
@@ -381,21 +379,22 @@ def score_table(results: Dict[str, Dict]) -> str:
 def run_all(config: ml_collections.ConfigDict, workdir: str) -> Dict:
   """Every task of `config.glue_tasks` in WORKDIR/<task>; the submission files are collected in
   WORKDIR/submission/ (zip it for the leaderboard) and the score table goes to WORKDIR/glue.md."""
-  os.makedirs(os.path.join(workdir, "submission"), exist_ok=True)
+  submission_dir = filesystem.join(workdir, "submission")
+  filesystem.makedirs(submission_dir)
   results = {}
   for name in [t.strip() for t in config.glue_tasks.split(",") if t.strip()]:
     task_config = ml_collections.ConfigDict(config.to_dict())
     task_config.task = "glue"
     task_config.data.glue_task = name
-    task_dir = os.path.join(workdir, name)
+    task_dir = filesystem.join(workdir, name)
     results[name] = run(task_config, task_dir)
     for _, filename in spec_for(name).submissions:
-      if os.path.exists(os.path.join(task_dir, filename)):
-        shutil.copy(os.path.join(task_dir, filename), os.path.join(workdir, "submission"))
+      if filesystem.exists(filesystem.join(task_dir, filename)):
+        filesystem.copy(filesystem.join(task_dir, filename),
+                        filesystem.join(submission_dir, filename))
   table = score_table(results)
   print(table, flush=True)
-  with open(os.path.join(workdir, "glue.md"), "w", encoding="utf-8") as f:
-    f.write(table + "\n")
-  with open(os.path.join(workdir, finetuning.RESULTS_FILE), "w", encoding="utf-8") as f:
-    json.dump({"tasks": results, "table": table}, f, indent=2, sort_keys=True)
+  filesystem.write_text(filesystem.join(workdir, "glue.md"), table + "\n")
+  filesystem.write_text(filesystem.join(workdir, finetuning.RESULTS_FILE),
+                        json.dumps({"tasks": results, "table": table}, indent=2, sort_keys=True))
   return results

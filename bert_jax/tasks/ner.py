@@ -20,11 +20,11 @@ Shape letters: N rows, S max_seq_length, K labels.
 import collections
 import dataclasses
 import functools
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
 from bert_jax.model import heads
 from bert_jax.model.heads import IGNORE_LABEL
@@ -101,7 +101,7 @@ def read_conll(path: str, scheme: str = "iob2", labels: Optional[Sequence[str]] 
     words.clear(), tags.clear(), tag_lines.clear()
 
   tag_lines: List[int] = []
-  with open(path, encoding="utf-8") as f:
+  with filesystem.open(path, encoding="utf-8") as f:
     for number, raw in enumerate(f, start=1):
       line = raw.rstrip("\r\n")
       if not line.strip():
@@ -303,12 +303,13 @@ def predict_labels(sentences: Sequence[Sentence], labels: Sequence[str],
 def write_conll(path: str, sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]]
                 ) -> str:
   """`word gold predicted` per line, blank line between sentences (conlleval's input)."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    for s, p in zip(sentences, predicted):
-      for word, gold, pred in zip(s.words, s.labels, p):
-        f.write(f"{word} {gold} {pred}\n")
-      f.write("\n")
+  filesystem.makedirs(filesystem.dirname(path) or ".")
+  lines = []
+  for s, p in zip(sentences, predicted):
+    for word, gold, pred in zip(s.words, s.labels, p):
+      lines.append(f"{word} {gold} {pred}\n")
+    lines.append("\n")
+  filesystem.write_text(path, "".join(lines))
   return path
 
 
@@ -327,7 +328,7 @@ def split_path(config, split: str) -> str:
   if not config.data.data_dir or key not in FILES:
     raise ValueError(f"NER split {split!r}: set --config.data.{split}_file=PATH or "
                      f"--config.data.data_dir=DIR (known layouts: {sorted(FILES)})")
-  return os.path.join(config.data.data_dir, FILES[key][split])
+  return filesystem.join(config.data.data_dir, FILES[key][split])
 
 
 def read_split(config, split: str) -> List[Sentence]:
@@ -346,7 +347,7 @@ def _predict(config, examples, features, outputs):
 
 
 def _write(config, workdir, split, examples, predictions) -> List[str]:
-  return [write_conll(os.path.join(workdir, f"{split}_predictions.txt"), examples, predictions)]
+  return [write_conll(filesystem.join(workdir, f"{split}_predictions.txt"), examples, predictions)]
 
 
 def get_task(config):

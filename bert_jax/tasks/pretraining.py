@@ -24,7 +24,7 @@ from absl import logging
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import modeling, ops
+from bert_jax.model import kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import optim, outputs
@@ -59,14 +59,15 @@ def build_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTrainin
 # ----------------------------------------------------------------------------------- losses
 
 
-def weighted_cross_entropy(logits, labels, weights):
+def weighted_cross_entropy(logits, labels, weights, kernels_spec: str = "auto"):
   """(sum of weighted nll, sum of weighted correct, sum of weights) over all positions.
 
   logits [..., V], labels and weights [...]. nll = -log_softmax(logits)[label]; a prediction
   counts as correct when the label's logit is the maximum (argmax up to exact ties). The
-  gradient is `ops.softmax_cross_entropy`'s, written out (faster than autodiff's on CPU).
+  gradient is `ops.softmax_cross_entropy`'s, written out (faster than autodiff's on CPU), unless
+  `kernels_spec` (`BertConfig.kernels`) asks for the textbook form.
   """
-  nll, correct = ops.softmax_cross_entropy(logits, labels)                    # [...], [...]
+  nll, correct = kernels.softmax_cross_entropy(logits, labels, kernels_spec)                    # [...], [...]
   return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
 
 
@@ -98,7 +99,7 @@ def loss_terms(model, params, batch, objective: str, rng=None, deterministic=Tru
     weights = weights * example_weight[:, None]
   terms = {}
   terms["mlm_nll"], terms["mlm_correct"], terms["mlm_weight"] = weighted_cross_entropy(
-      outputs["mlm_logits"], labels, weights)
+      outputs["mlm_logits"], labels, weights, model.config.kernels)
   if "nsp_logits" in outputs:
     if packed:  # one NSP label per packed pair, [B, K], padding pairs weighted 0
       nsp_labels, nsp_w = batch["next_sentence_labels"], batch["nsp_weights"].astype(jnp.float32)
@@ -109,7 +110,7 @@ def loss_terms(model, params, batch, objective: str, rng=None, deterministic=Tru
       nsp_w = nsp_w * example_weight.astype(jnp.float32).reshape(
           example_weight.shape + (1,) * (nsp_w.ndim - 1))
     terms["nsp_nll"], terms["nsp_correct"], terms["nsp_weight"] = weighted_cross_entropy(
-        outputs["nsp_logits"], nsp_labels, nsp_w)
+        outputs["nsp_logits"], nsp_labels, nsp_w, model.config.kernels)
   return terms
 
 
@@ -316,8 +317,8 @@ def _prepare_workdir(config, workdir: str) -> str:
     raise ValueError("config.data.input_files is empty: point it at pre-training TFRecords "
                      "(python -m data_pipelines.create_pretraining_data writes them)")
   if outputs.is_writer():
-    bert_config_from(config).to_json_file(filesystem.join(workdir, tc.BERT_CONFIG),
-                                          include_runtime=True)
+    checkpoints.write_config(bert_config_from(config), filesystem.join(workdir, tc.BERT_CONFIG),
+                             include_runtime=True)
   return workdir
 
 

@@ -10,12 +10,12 @@ Metric: accuracy. Files: `dev_predictions.tsv` (`index  prediction  label`) and
 """
 import csv
 import dataclasses
-import os
 from typing import Dict, List, Optional, Sequence
 
 import ml_collections
 import numpy as np
 
+from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
 from bert_jax.model import heads
 
@@ -38,11 +38,11 @@ class SwagDataError(ValueError):
 
 
 def read_csv(path: str, labelled: bool) -> List[SwagExample]:
-  if not os.path.exists(path):
+  if not filesystem.exists(path):
     raise FileNotFoundError(f"SWAG file not found: {path} (expected the swagaf CSV files "
                             f"{sorted(SPLIT_FILES.values())} in --config.data.swag_dir)")
   examples = []
-  with open(path, encoding="utf-8", newline="") as f:
+  with filesystem.open(path, encoding="utf-8", newline="") as f:
     reader = csv.DictReader(f)
     needed = _COLUMNS + (("label",) if labelled else ())
     missing = [c for c in needed if c not in (reader.fieldnames or ())]
@@ -83,15 +83,14 @@ def accuracy(examples: Sequence[SwagExample], predictions: Sequence[int]) -> Dic
 def write_predictions(workdir: str, split: str, examples: Sequence[SwagExample],
                       predictions: Sequence[int]) -> List[str]:
   import jax
-  path = os.path.join(workdir, f"{split}_predictions.tsv")
+  path = filesystem.join(workdir, f"{split}_predictions.tsv")
   if split == "test":
     lines = ["index\tprediction"] + [f"{e.guid}\t{p}" for e, p in zip(examples, predictions)]
   else:
     lines = ["index\tprediction\tlabel"] + [f"{e.guid}\t{p}\t{e.label}"
                                             for e, p in zip(examples, predictions)]
   if jax.process_index() == 0:
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines) + "\n")
+    filesystem.write_text(path, "\n".join(lines) + "\n")
   return [path]
 
 
@@ -99,7 +98,7 @@ def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
   def read(split):
     if not config.data.swag_dir:
       raise ValueError("config.data.swag_dir is empty: the folder with the swagaf CSV files")
-    return read_csv(os.path.join(config.data.swag_dir, SPLIT_FILES[split]), split != "test")
+    return read_csv(filesystem.join(config.data.swag_dir, SPLIT_FILES[split]), split != "test")
 
   return finetuning.Task(
       name="swag",
