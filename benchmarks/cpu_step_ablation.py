@@ -16,7 +16,6 @@ Micro-benchmarks of a single op mislead here: XLA fuses each op with its neighbo
 the whole step says what a change is worth.
 """
 import argparse
-import functools
 import json
 import os
 import sys
@@ -25,17 +24,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
-# comparison then reuse freed host memory (bert_jax/host_memory.py).
+# comparison then reuse freed host memory (bert_jax/runtime/host_memory.py).
 from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
-import jax  # noqa: E402
-
-from benchmarks import ablations, bench_util  # noqa: E402
-from benchmarks.pretrain_step_throughput import MASKED, VOCAB, make_batch  # noqa: E402
-from bert_jax.runtime import optim  # noqa: E402
-from bert_jax.tasks import pretraining  # noqa: E402
-from experiments import pretraining_defaults  # noqa: E402
+from benchmarks import ablations, bench_util, pretrain_step_throughput  # noqa: E402
 
 # Float32 on CPU: cast_then_gather (the lookup's dtype under mixed precision) changes nothing
 # here, and "tuned" is "current".
@@ -45,26 +38,9 @@ VARIANTS = {name: overrides for name, overrides in ablations.kernel_variants(CPU
 
 
 def compiled_step(size: str, batch: int, seq: int, overrides):
-  """`pretrain_step_throughput.jax_step`'s train step with `overrides` of config.model, compiled;
-  a callable running one step."""
-  c = pretraining_defaults.get_config(size)
-  c.model.vocab_size = VOCAB
-  c.model.update(overrides)
-  c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
-  c.num_train_steps, c.warmup_steps = 1000, 10
-  model = pretraining.build_model(c)
-  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
-  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
-  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
-                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
-  batch_data = jax.device_put(make_batch(batch, seq))
-  rng = jax.random.PRNGKey(1)
-  holder = [state]
-
-  def one():
-    holder[0], metrics = step(holder[0], batch_data, rng)
-    metrics["loss"].block_until_ready()
-
+  """`pretrain_step_throughput.jax_step` with `overrides` of config.model, compiled; a callable
+  running one step."""
+  one = pretrain_step_throughput.jax_step(size, batch, seq, overrides)
   one()  # traced and compiled here
   return one
 

@@ -61,9 +61,12 @@ def useful_flops(layers, hidden, batch, seq):
   return dense + attention + mlm + pooler
 
 
-def jax_step(size, batch, seq):
+def jax_step(size, batch, seq, model_overrides=None):
+  """A callable running one bert_jax pre-training step (`model_overrides`: config.model fields,
+  e.g. the `kernels` option of an ablation)."""
   c = pretraining_defaults.get_config(size)
   c.model.vocab_size = VOCAB
+  c.model.update(model_overrides or {})
   c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
   c.num_train_steps, c.warmup_steps = 1000, 10
   model = pretraining.build_model(c)

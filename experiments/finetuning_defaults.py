@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Tensor parallelism (jit only), as in pre-training: the encoder and its Adam moments are split
   # along the mesh's `model` axis (global_batch_size must divide by device_count / this).
   c.model_parallelism = 1
-  c.logical_axis_rules = ()          # () = bert_jax.sharding.DEFAULT_RULES
+  c.logical_axis_rules = ()          # () = bert_jax.parallel.sharding.DEFAULT_RULES
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
   # kernels: "auto" picks the hand-tuned or textbook building blocks per backend (BertConfig).

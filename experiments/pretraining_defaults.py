@@ -30,7 +30,7 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.task = "pretraining"
   # The BertConfig fields (bert_config.json names) plus how to compute them: dtype, scan_layers,
-  # remat, float32_attention_logits (bert_jax/config.py).
+  # remat, float32_attention_logits (bert_jax/model/config.py).
   c.model = BertConfig.named(size).to_dict()
   c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
@@ -52,7 +52,7 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # Tensor parallelism (jit only): devices along the mesh's `model` axis; the `data` axis gets
   # device_count / model_parallelism. Attention heads, FFN and vocabulary are split Megatron-style.
   c.model_parallelism = 1
-  # Override of bert_jax.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or None),
+  # Override of bert_jax.parallel.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or None),
   # e.g. (("vocab", None), ("joined_kv", "model"), ("mlp", "model")); () = the defaults.
   c.logical_axis_rules = ()
   c.grad_accum_steps = 1                     # micro-batches per update (same update as the batch)

@@ -141,10 +141,13 @@ def test_demo_on_gs_killed_after_a_checkpoint_resumes_from_the_bucket(emulator, 
   proc = subprocess.Popen(_demo(workdir), cwd=cwd, env=_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   deadline = time.time() + 600
+  committed = []
   while time.time() < deadline and proc.poll() is None:
-    names = _objects(emulator, "demo/checkpoints/")
-    if any(n.startswith("demo/checkpoints/2/") and n.endswith("commit_success.txt")
-           for n in names) or any(n.startswith("demo/checkpoints/4/") for n in names):
+    # On Cloud Storage a step is complete once its own commit marker is written (its items
+    # have markers of their own, written before it).
+    committed = [int(n.split("/")[2]) for n in _objects(emulator, "demo/checkpoints/")
+                 if n.count("/") == 3 and n.endswith("/commit_success.txt")]
+    if committed:
       break
     time.sleep(0.1)
   assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stdout.read()
@@ -153,7 +156,8 @@ def test_demo_on_gs_killed_after_a_checkpoint_resumes_from_the_bucket(emulator, 
   restart = subprocess.run(_demo(workdir), cwd=cwd, env=_env(), capture_output=True, text=True,
                            timeout=600)
   assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
-  assert "Resumed from the checkpoint at step" in restart.stdout
+  resumed = int(restart.stdout.split("Resumed from the checkpoint at step ")[1].split()[0])
+  assert resumed >= max(committed), (resumed, committed)
   assert "in gs://" in restart.stdout
   ours = _records(_download(emulator, "demo/metrics.jsonl"))
   theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}

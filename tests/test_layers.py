@@ -64,3 +64,24 @@ def test_the_private_name_check_finds_an_offence(tmp_path):
   sample = tmp_path / "sample.py"
   sample.write_text("from bert_jax.io import checkpoints\nx = checkpoints._per_layer\n")
   assert _private_uses(str(sample)) == [(2, "checkpoints._per_layer")]
+
+
+def test_old_module_paths_still_import_with_a_warning_naming_the_new_one():
+  import importlib
+  import warnings
+  from bert_jax.io import checkpoints
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    old = importlib.import_module("bert_jax.checkpoints")
+  assert old is checkpoints
+  assert any("bert_jax.io.checkpoints" in str(w.message) for w in caught)
+
+
+def test_a_renamed_config_field_is_an_error_naming_its_replacement(tmp_path):
+  from bert_jax import tasks
+  from experiments import glue as glue_experiment, pretrain_demo
+  for config in (glue_experiment.get_config("task=mrpc,quick"),
+                 pretrain_demo.get_config("quick")):
+    config.train_batch_size = 16
+    with pytest.raises(ValueError, match=r"config\.global_batch_size.*--config\.global_batch_size=16"):
+      tasks.run(config, str(tmp_path / "run"))
