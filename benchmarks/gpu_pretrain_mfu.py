@@ -43,8 +43,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
-from bert_jax.model import modeling
-from bert_jax.runtime import optim
+from bert_jax.model import flops, modeling  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
 from bert_jax.tasks import pretraining  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
@@ -107,17 +107,16 @@ def make_batch(args, packed: bool, rng):
 
 
 def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, seq=None):
-  """Training FLOPs (fwd + bwd = 3x fwd) of the encoder over the given sequences, the masked-only
-  MLM head and the pooler/NSP. `seq` set: every row counts as `seq` long with one S^2 attention."""
-  encoder_params = layers * 12 * hidden * hidden
+  """Training FLOPs (`bert_jax.model.flops`) of the encoder over the given sequences, the
+  masked-only MLM head and the pooler/NSP. `seq` set: every row counts as `seq` long with one S^2
+  attention."""
   if seq is not None:
     tokens, attention = rows * seq, rows * seq * seq
   else:
     tokens = float(np.sum(seq_lengths_per_row))
     attention = float(np.sum(np.square(seq_lengths_per_row)))
-  return (6 * encoder_params * tokens + 12 * layers * hidden * attention
-          + 6 * predictions * (hidden * hidden + hidden * VOCAB)
-          + 6 * pairs * (hidden * hidden + 2 * hidden))
+  return flops.training_flops(layers, hidden, 4 * hidden, VOCAB, tokens=tokens,
+                              attention_pairs=attention, predictions=predictions, pairs=pairs)
 
 
 def xla_attention_always(config, deterministic):

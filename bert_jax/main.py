@@ -31,6 +31,12 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 (multi-host outside TPU VMs).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+_COMPILE_FOR = flags.DEFINE_string(
+    "compile_for", None, "Compile the experiment's steps for this TPU slice (v4-8, v5litepod-16, "
+    "v5p-8, v6e-8, ...) with the real TPU compiler, without running; writes "
+    "WORKDIR/compile_report.json (bert_jax/tasks/compile_report.py).")
+_FIND_MAX_BATCH = flags.DEFINE_bool(
+    "find_max_batch", False, "With --compile_for: search the largest global batch that fits.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -51,6 +57,10 @@ def main(argv):
   prng_impl = _CONFIG.value.get("prng_impl", "")
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams
     jax.config.update("jax_default_prng_impl", prng_impl)
+  if _COMPILE_FOR.value:
+    from bert_jax.tasks import compile_report
+    compile_report.run(_CONFIG.value, _WORKDIR.value, _COMPILE_FOR.value, _FIND_MAX_BATCH.value)
+    return
   from bert_jax import tasks
   try:
     tasks.run(_CONFIG.value, _WORKDIR.value)

@@ -31,6 +31,8 @@ then any part names to take in textbook form on top of it, e.g. "tuned,plain_bia
        tuned until it is.
   tpu  unmeasured: every tuned form for now (to be compiled both ways on a TPU).
 """
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Any, Callable, FrozenSet, Optional, Tuple
@@ -109,19 +111,39 @@ def parse(spec: str) -> Tuple[str, FrozenSet[str]]:
   return (choices[0] if choices else "auto"), frozenset(items) - set(CHOICES)
 
 
+# The backend a program is traced for when it is not JAX's default one: ahead-of-time
+# compilation for a TPU slice from a CPU machine (`compiling_for`).
+_TARGET_BACKEND: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "bert_jax_kernels_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(backend: str):
+  """Within the block, "auto" resolves for `backend` (e.g. "tpu") instead of the default one."""
+  token = _TARGET_BACKEND.set(backend)
+  try:
+    yield
+  finally:
+    _TARGET_BACKEND.reset(token)
+
+
+def _backend(backend: Optional[str]) -> str:
+  return backend or _TARGET_BACKEND.get() or jax.default_backend()
+
+
 def textbook_parts(spec: str, backend: Optional[str] = None) -> FrozenSet[str]:
   """The parts `spec` takes in textbook form on `backend` (default: JAX's default backend)."""
   choice, parts = parse(spec)
   if choice == "textbook":
     return frozenset(PARTS)
   if choice == "auto":
-    parts |= AUTO_TEXTBOOK.get(backend or jax.default_backend(), frozenset())
+    parts |= AUTO_TEXTBOOK.get(_backend(backend), frozenset())
   return parts
 
 
 def select(spec: str = "auto", backend: Optional[str] = None) -> Kernels:
   """The functions of `spec` (a `BertConfig.kernels` value) on `backend`, resolved when traced."""
-  backend = backend or jax.default_backend()
+  backend = _backend(backend)
   textbook = textbook_parts(spec, backend)
   pick = lambda part, tuned, plain: plain if part in textbook else tuned
   # ops.dense_matmul's kernel gradient orientation: [N, K] transposed is faster on CPU only.

@@ -50,29 +50,41 @@ def model_parallelism(config=None) -> int:
   return value
 
 
-def mesh_shape(config=None) -> Tuple[int, int]:
-  """(data, model) sizes of the mesh; a clear error if model_parallelism does not fit."""
+def mesh_shape(config=None, devices=None) -> Tuple[int, int]:
+  """(data, model) sizes of the mesh over `devices` (default: every device of the run); a clear
+  error if model_parallelism does not fit."""
   model = model_parallelism(config)
-  count = jax.device_count()
+  devices = jax.devices() if devices is None else devices
+  count = len(devices)
   if count % model:
     raise ValueError(f"config.model_parallelism={model} does not divide the {count} devices: "
                      "the data axis would be device_count / model_parallelism")
-  if jax.process_count() > 1 and jax.local_device_count() % model:
+  hosts = {d.process_index for d in devices}
+  per_host = count // len(hosts)
+  if len(hosts) > 1 and per_host % model:
     # Each host feeds its own rows, so a model group (which shares rows) must sit on one host.
     raise ValueError(f"config.model_parallelism={model} does not divide the "
-                     f"{jax.local_device_count()} devices of each host")
+                     f"{per_host} devices of each host")
   return count // model, model
 
 
-def create_mesh(config=None) -> Mesh:
-  """A 1-D `data` mesh over every device, or (data, model) when config.model_parallelism > 1."""
-  data, model = mesh_shape(config)
+def create_mesh(config=None, devices=None) -> Mesh:
+  """A 1-D `data` mesh over every device (or `devices`: e.g. a TPU slice compiled for ahead of
+  time), or (data, model) when config.model_parallelism > 1."""
+  devices = jax.devices() if devices is None else list(devices)
+  data, model = mesh_shape(config, devices)
   if model == 1:
-    return Mesh(np.asarray(jax.devices()).reshape(-1), (DATA_AXIS,))
+    return Mesh(np.asarray(devices).reshape(-1), (DATA_AXIS,))
   # Devices are ordered by process, so a `model` row (neighbouring devices) stays on one host;
-  # on TPU, create_device_mesh also keeps it on neighbouring chips of the interconnect.
-  devices = mesh_utils.create_device_mesh((data, model), devices=jax.devices())
-  return Mesh(devices, (DATA_AXIS, MODEL_AXIS))
+  # on TPU, create_device_mesh also keeps it on neighbouring chips of the interconnect. Where
+  # the chip grid cannot hold a model row along one physical axis (v5e 4x4 with model 2), the
+  # row may span two axes.
+  try:
+    grid = mesh_utils.create_device_mesh((data, model), devices=devices)
+  except NotImplementedError:
+    grid = mesh_utils.create_device_mesh((data, model), devices=devices,
+                                         allow_split_physical_axes=True)
+  return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
 
 
 def logical_axis_rules(config=None) -> Rules:

@@ -28,8 +28,8 @@ PMAP_AXIS = "batch"
 class JitParallel:
   name = "jit"
 
-  def __init__(self, config=None):
-    self.mesh = sharding.create_mesh(config)
+  def __init__(self, config=None, devices=None):
+    self.mesh = sharding.create_mesh(config, devices)
     self.rules = sharding.logical_axis_rules(config)
     self.state_sharding = None
 

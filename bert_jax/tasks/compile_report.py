@@ -1,0 +1,265 @@
+r"""Check before you rent: compile a pre-training experiment's step for a TPU slice, on a CPU.
+
+  python -m bert_jax.main --config=experiments/pretrain_bert_large.py --workdir=DIR \
+    --compile_for=v5litepod-16 [--find_max_batch]
+
+The exact train step (and evaluation step) the experiment would run on that slice: the same
+model, dtype, remat, scan, kernels, optimizer, gradient accumulation, packing and global batch,
+over a mesh of the slice's devices with the same `data` / `model` axes and logical-axis
+shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, through
+`parallel.topologies`), never run. `DIR/compile_report.json` and the printed summary hold:
+
+  topology, device_kind, num_devices, num_hosts, global_batch_size, compile_seconds,
+  memory_per_device {argument_bytes, output_bytes, temp_bytes, generated_code_bytes,
+  total_bytes}, device_memory_bytes (HBM per chip), fits, over_by_bytes, flops_per_step (XLA's
+  cost analysis, whole step, all devices), model_flops_per_step (`model.flops`, the count the
+  GPU MFU benchmark uses), peak_flops_per_device (bf16), hbm_bandwidth_per_device,
+  roofline_step_seconds (max of compute and memory time per device), estimated_mfu,
+  eval_step {compile_seconds, memory_per_device, fits}
+
+A step that does not fit is a report with `fits: false` (the compiler's out-of-memory error says
+how much it needed), not a crash. `--find_max_batch` doubles, then bisects, the global batch
+(in multiples of the data axis and `grad_accum_steps`) to the largest that fits.
+"""
+import dataclasses
+import functools
+import json
+import re
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import parallel
+from bert_jax.io import filesystem
+from bert_jax.model import flops, kernels
+from bert_jax.parallel import sharding, topologies
+from bert_jax.runtime import optim, outputs
+from bert_jax.tasks import pretraining
+from data_pipelines import features as F
+from data_pipelines import packing
+
+REPORT_FILE = "compile_report.json"
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+
+
+def example_batch(config, rows: int) -> Dict[str, np.ndarray]:
+  """A host batch with the shapes and dtypes the training pipeline gives the step (packed rows
+  with `config.data.packing`)."""
+  s, p = config.max_seq_length, config.max_predictions_per_seq
+  ids = np.zeros((1, s), np.int32)
+  ids[0, :4] = 1
+  batch = {F.INPUT_IDS: ids, F.INPUT_MASK: (ids > 0).astype(np.int32),
+           F.SEGMENT_IDS: np.zeros((1, s), np.int32),
+           F.MASKED_LM_POSITIONS: np.zeros((1, p), np.int32),
+           F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
+           F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
+           F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
+  if config.data.get("packing", False):
+    batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
+  return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
+
+
+def _abstract(tree, shardings):
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _memory(compiled) -> Dict[str, int]:
+  stats = compiled.memory_analysis()
+  memory = {"argument_bytes": stats.argument_size_in_bytes,
+            "output_bytes": stats.output_size_in_bytes,
+            "temp_bytes": stats.temp_size_in_bytes,
+            "generated_code_bytes": stats.generated_code_size_in_bytes}
+  peak = getattr(stats, "peak_memory_in_bytes", 0)
+  memory["total_bytes"] = int(peak or (sum(memory.values()) - stats.alias_size_in_bytes))
+  return {k: int(v) for k, v in memory.items()}
+
+
+def _required_bytes(message: str) -> Optional[int]:
+  """What an out-of-memory error says the program needed ('... required ... (1.53T) exceeds')."""
+  match = re.search(r"\(([\d.]+)([KMGTP]?)\)\s*exceeds", message)
+  return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else None
+
+
+def _compile(function, args) -> Dict[str, Any]:
+  """Lowers and compiles `function` for `args` (abstract, sharded); memory, cost and time, or
+  the compiler's out-of-memory verdict."""
+  start = time.time()
+  try:
+    compiled = function.lower(*args).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    message = str(e)
+    if "RESOURCE_EXHAUSTED" not in message and "HBM" not in message:
+      raise
+    return {"compile_seconds": round(time.time() - start, 2), "fits": False,
+            "error": message.splitlines()[0][:500], "required_bytes": _required_bytes(message)}
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"compile_seconds": round(time.time() - start, 2), "memory_per_device": _memory(compiled),
+          "flops_per_device": float(cost.get("flops", 0.0)),
+          "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0))}
+
+
+@dataclasses.dataclass
+class _Target:
+  """A slice and the mesh strategy over its devices."""
+  accelerator_type: str
+  spec: topologies.Slice
+  par: Any
+
+
+def _model_flops(config, global_batch: int) -> float:
+  c = pretraining.bert_config_from(config)
+  s = config.max_seq_length
+  packed = config.data.get("packing", False)
+  pairs = global_batch * (config.data.max_pairs_per_row if packed else 1)
+  return flops.training_flops(
+      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+      tokens=global_batch * s, attention_pairs=global_batch * s * s,
+      predictions=global_batch * config.max_predictions_per_seq, pairs=pairs)
+
+
+def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
+  """The report for one global batch size (see the module docstring)."""
+  config = config.copy_and_resolve_references()
+  config.global_batch_size = global_batch
+  pretraining.check_config(config)
+  par, spec = target.par, target.spec
+  model = pretraining.build_model(config)
+  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
+  rng = jax.random.PRNGKey(config.seed)
+  abstract_state = jax.eval_shape(lambda: pretraining.create_train_state(config, model, tx, rng))
+  param_axes = sharding.logical_axes(
+      model.init, rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
+  par.state_sharding = sharding.state_shardings(abstract_state, param_axes, par.mesh, par.rules)
+  state = _abstract(abstract_state, par.state_sharding)
+  batch_sharding = sharding.batch_sharding(par.mesh)
+  batch = example_batch(config, global_batch)
+  batch_spec = _abstract(batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
+  rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
+  train_step = par.compile_step(functools.partial(
+      pretraining.train_step, model=model, tx=tx, objective=config.objective, schedule=schedule,
+      grad_accum_steps=config.grad_accum_steps))
+  eval_step = par.compile_eval(functools.partial(pretraining.eval_step, model=model,
+                                                 objective=config.objective))
+  eval_batch = example_batch(config.copy_and_resolve_references(), config.eval_batch_size)
+  eval_batch.update(example_weight=np.ones(config.eval_batch_size, np.float32))
+  for key in [k for k in eval_batch if k in (packing.NSP_WEIGHTS, "cls_positions", "pair_ids",
+                                             "position_ids")]:
+    eval_batch.pop(key)   # evaluation is never packed
+  with kernels.compiling_for("tpu"):
+    train = _compile(train_step, (state, batch_spec, rng_spec))
+    evaluation = _compile(eval_step, (
+        state.params,
+        _abstract(eval_batch, jax.tree_util.tree_map(lambda _: batch_sharding, eval_batch))))
+  generation = spec.generation
+  devices = len(par.mesh.devices.flat)
+  report = {"topology": target.accelerator_type, "topology_name": spec.topology_name,
+            "device_kind": generation.device_kind, "num_devices": devices,
+            "num_hosts": spec.num_hosts, "mesh": dict(par.mesh.shape),
+            "global_batch_size": global_batch, "device_memory_bytes": generation.hbm_bytes,
+            "peak_flops_per_device": generation.peak_bf16_flops,
+            "hbm_bandwidth_per_device": generation.hbm_bandwidth,
+            "model_flops_per_step": _model_flops(config, global_batch)}
+  report.update(_verdict(train, generation))
+  if "flops_per_device" in train:
+    report["flops_per_step"] = train["flops_per_device"] * devices
+    compute = train["flops_per_device"] / generation.peak_bf16_flops
+    memory_time = train["bytes_accessed_per_device"] / generation.hbm_bandwidth
+    report["roofline_step_seconds"] = max(compute, memory_time)
+    report["roofline_bound"] = "compute" if compute >= memory_time else "memory"
+    report["estimated_mfu"] = report["model_flops_per_step"] / (
+        devices * generation.peak_bf16_flops * report["roofline_step_seconds"])
+  report["eval_step"] = _verdict(evaluation, generation)
+  return report
+
+
+def _verdict(result: Dict[str, Any], generation) -> Dict[str, Any]:
+  """compile_seconds, memory_per_device, fits and over_by_bytes of one compiled step."""
+  verdict = {k: v for k, v in result.items()
+             if k not in ("flops_per_device", "bytes_accessed_per_device")}
+  total = (result["memory_per_device"]["total_bytes"] if "memory_per_device" in result
+           else result.get("required_bytes"))
+  if "fits" not in verdict:
+    verdict["fits"] = total <= generation.hbm_bytes
+  verdict["over_by_bytes"] = max(0, (total or 0) - generation.hbm_bytes) if total else None
+  return verdict
+
+
+def find_max_batch(config, target: _Target) -> Dict[str, Any]:
+  """The report of the largest global batch that fits: doubling, then bisection, in steps of the
+  data axis times grad_accum_steps."""
+  unit = target.par.mesh.shape[sharding.DATA_AXIS] * config.grad_accum_steps
+  fits = lambda n: (lambda r: (r["fits"] and r["eval_step"]["fits"], r))(
+      compile_steps(config, target, n * unit))
+  low, high, best = 0, 1, None
+  while True:   # doubling: low fits (or is 0), high is the next try
+    ok, report = fits(high)
+    print(f"  global batch {high * unit}: {'fits' if ok else 'does not fit'}", flush=True)
+    if not ok:
+      break
+    low, best, high = high, report, high * 2
+  while high - low > 1:
+    middle = (low + high) // 2
+    ok, report = fits(middle)
+    print(f"  global batch {middle * unit}: {'fits' if ok else 'does not fit'}", flush=True)
+    if ok:
+      low, best = middle, report
+    else:
+      high = middle
+  if best is None:
+    raise ValueError(f"Not even a global batch of {unit} fits on {target.accelerator_type}")
+  best["max_global_batch_size"] = low * unit
+  return best
+
+
+def summary(report: Dict[str, Any]) -> str:
+  gib = lambda b: f"{b / 2 ** 30:.2f} GiB" if b is not None else "?"
+  lines = [f"{report['topology']} ({report['topology_name']}, {report['num_devices']} x "
+           f"{report['device_kind']}, {report['num_hosts']} host(s), mesh {report['mesh']}), "
+           f"global batch {report['global_batch_size']}"]
+  memory = report.get("memory_per_device")
+  if memory:
+    lines.append(f"  train step: {gib(memory['total_bytes'])} per device of "
+                 f"{gib(report['device_memory_bytes'])} HBM "
+                 f"(arguments {gib(memory['argument_bytes'])}, temporaries "
+                 f"{gib(memory['temp_bytes'])}) -> {'fits' if report['fits'] else 'DOES NOT FIT'}")
+  else:
+    lines.append(f"  train step DOES NOT FIT: needs {gib(report.get('required_bytes'))} per "
+                 f"device of {gib(report['device_memory_bytes'])} ({report.get('error', '')})")
+  if "roofline_step_seconds" in report:
+    lines.append(f"  {report['flops_per_step']:.3g} FLOPs per step (XLA; analytic "
+                 f"{report['model_flops_per_step']:.3g}); roofline "
+                 f"{report['roofline_step_seconds'] * 1e3:.1f} ms per step "
+                 f"({report['roofline_bound']}-bound), estimated MFU "
+                 f"{100 * report['estimated_mfu']:.1f}% at best")
+  lines.append(f"  eval step: {'fits' if report['eval_step']['fits'] else 'DOES NOT FIT'}; "
+               f"compiled in {report['compile_seconds']} + "
+               f"{report['eval_step']['compile_seconds']} s")
+  if "max_global_batch_size" in report:
+    lines.append(f"  largest global batch that fits: {report['max_global_batch_size']}")
+  return "\n".join(lines)
+
+
+def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
+  """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
+  if config.get("task", "pretraining") != "pretraining":
+    raise ValueError(f"--compile_for compiles pre-training experiments (config.task="
+                     f"{config.task!r} is not yet supported)")
+  if config.get("parallelism", "jit") != "jit":
+    raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
+  spec = topologies.parse(accelerator_type)
+  devices = topologies.slice_devices(accelerator_type)
+  target = _Target(accelerator_type, spec, parallel.JitParallel(config, devices))
+  report = (find_max_batch(config, target) if search_batch
+            else compile_steps(config, target, config.global_batch_size))
+  print(summary(report), flush=True)
+  if outputs.is_writer():
+    workdir = filesystem.absolute(workdir)
+    filesystem.makedirs(workdir)
+    filesystem.write_text(filesystem.join(workdir, REPORT_FILE),
+                          json.dumps(report, indent=2, sort_keys=True))
+  return report

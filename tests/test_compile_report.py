@@ -1,0 +1,96 @@
+"""`--compile_for`: the pre-training steps compiled by the real TPU compiler for TPU slices,
+without a TPU (libtpu, a test dependency through `jax[tpu]`)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.parallel import topologies
+from experiments import pretraining_defaults
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_accelerator_types_map_to_cloud_tpu_slices():
+  table = {"v4-8": ("v4:2x2x1", 4, 1), "v4-32": ("v4:2x2x4", 16, 4),
+           "v4-128": ("v4:4x4x4", 64, 16), "v5p-8": ("v5:2x2x1", 4, 1),
+           "v5litepod-4": ("v5e:2x2", 4, 1), "v5litepod-8": ("v5e:2x4", 8, 1),
+           "v5e-16": ("v5e:4x4", 16, 4), "v5litepod-256": ("v5e:16x16", 256, 64),
+           "v6e-8": ("v6e:2x4", 8, 1)}
+  for name, (topology, chips, hosts) in table.items():
+    spec = topologies.parse(name)
+    assert (spec.topology_name, spec.chips, spec.num_hosts) == (topology, chips, hosts), name
+  with pytest.raises(ValueError, match="Unknown accelerator type 'v9-8'"):
+    topologies.parse("v9-8")
+  with pytest.raises(ValueError, match="TensorCores"):
+    topologies.parse("v4-5")
+
+
+def _tiny(**overrides):
+  c = pretraining_defaults.get_config("tiny")
+  # Wide enough for the matmuls to dominate, as the analytic count assumes (at H=64 the
+  # elementwise work XLA counts is 16% on top; at H=256, 4-7%).
+  c.model.update(vocab_size=1024, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                 num_hidden_layers=2, max_position_embeddings=128, dtype="bfloat16")
+  c.max_seq_length, c.max_predictions_per_seq = 128, 20
+  c.global_batch_size, c.eval_batch_size = 32, 16
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def compile_report():
+  pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install 'jax[tpu]'")
+  from bert_jax.tasks import compile_report as module
+  return module
+
+
+@pytest.mark.parametrize("accelerator, model_parallelism, hosts",
+                         [("v5litepod-4", 2, 1), ("v4-32", 2, 4)])
+def test_tiny_pretraining_step_compiles_for_a_slice(compile_report, tmp_path, accelerator,
+                                                    model_parallelism, hosts):
+  config = _tiny(model_parallelism=model_parallelism,
+                 global_batch_size=8 * topologies.parse(accelerator).chips // model_parallelism)
+  report = compile_report.run(config, str(tmp_path), accelerator)
+  assert report["num_hosts"] == hosts and report["num_devices"] == topologies.parse(
+      accelerator).chips
+  assert report["mesh"] == {"data": report["num_devices"] // model_parallelism,
+                            "model": model_parallelism}
+  assert report["fits"] and report["eval_step"]["fits"]
+  memory = report["memory_per_device"]
+  assert 0 < memory["argument_bytes"] <= memory["total_bytes"] < report["device_memory_bytes"]
+  # XLA's count of the whole step against the analytic one (within 10%).
+  assert report["flops_per_step"] == pytest.approx(report["model_flops_per_step"], rel=0.10)
+  assert 0 < report["estimated_mfu"] <= 1 and report["roofline_step_seconds"] > 0
+  written = json.load(open(tmp_path / "compile_report.json", encoding="utf-8"))
+  assert written["topology"] == accelerator and written["fits"]
+
+
+def test_an_oversized_batch_reports_fits_false(compile_report, tmp_path):
+  config = pretraining_defaults.get_config("large")
+  config.model.update(dtype="bfloat16", scan_layers=True)
+  config.max_seq_length, config.max_predictions_per_seq = 512, 80
+  config.global_batch_size, config.eval_batch_size = 4096, 8
+  report = compile_report.run(config, str(tmp_path), "v5litepod-4")
+  assert report["fits"] is False
+  assert report["over_by_bytes"] > 0
+  assert "memory_per_device" not in report or report["memory_per_device"]["total_bytes"] > (
+      report["device_memory_bytes"])
+
+
+def test_compile_for_from_the_command_line(compile_report, tmp_path):
+  workdir = str(tmp_path / "aot")
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.main",
+       f"--config={os.path.join(ROOT, 'experiments/pretrain_demo.py')}:quick",
+       f"--workdir={workdir}", "--compile_for=v5litepod-4", "--config.model.dtype=bfloat16"],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+      timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "v5litepod-4 (v5e:2x2, 4 x TPU v5 lite" in result.stdout
+  report = json.load(open(os.path.join(workdir, "compile_report.json"), encoding="utf-8"))
+  assert report["fits"] and report["num_devices"] == 4
+  assert not os.path.exists(os.path.join(workdir, "checkpoints")), "compiled, never trained"
