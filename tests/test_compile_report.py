@@ -94,3 +94,19 @@ def test_compile_for_from_the_command_line(compile_report, tmp_path):
   report = json.load(open(os.path.join(workdir, "compile_report.json"), encoding="utf-8"))
   assert report["fits"] and report["num_devices"] == 4
   assert not os.path.exists(os.path.join(workdir, "checkpoints")), "compiled, never trained"
+
+
+@pytest.mark.parametrize("accelerator, hosts", [("v5litepod-4", 1), ("v4-32", 4)])
+def test_fine_tuning_step_compiles_for_a_slice(compile_report, tmp_path, accelerator, hosts):
+  """GLUE MRPC from a (tiny) checkpoint, model_parallelism=2: the step fine-tuning would run."""
+  from experiments import glue as glue_experiment
+  from tests import finetuning_fixtures as ftx
+  config = glue_experiment.get_config("task=mrpc,quick")
+  config.init_checkpoint = ftx.write_checkpoint(str(tmp_path / "ckpt"))
+  config.data.glue_dir = ftx.write_glue_dir(str(tmp_path / "glue"))
+  config.max_seq_length, config.model_parallelism = 16, 2
+  config.global_batch_size = config.eval_batch_size = 4 * topologies.parse(accelerator).chips
+  report = compile_report.run(config, str(tmp_path / "aot"), accelerator)
+  assert report["num_hosts"] == hosts and report["mesh"]["model"] == 2
+  assert report["fits"] and report["eval_step"]["fits"]
+  assert report["flops_per_step"] > 0 and report["model_flops_per_step"] > 0

@@ -1,9 +1,11 @@
-r"""Check before you rent: compile a pre-training experiment's step for a TPU slice, on a CPU.
+r"""Check before you rent: compile an experiment's steps for a TPU slice, on a CPU.
 
   python -m bert_jax.main --config=experiments/pretrain_bert_large.py --workdir=DIR \
     --compile_for=v5litepod-16 [--find_max_batch]
 
-The exact train step (and evaluation step) the experiment would run on that slice: the same
+The exact train step (and evaluation step) a pre-training or fine-tuning experiment (GLUE, SWAG,
+SQuAD, NER; its checkpoint and data must be there, for the architecture and the feature shapes)
+would run on that slice: the same
 model, dtype, remat, scan, kernels, optimizer, gradient accumulation, packing and global batch,
 over a mesh of the slice's devices with the same `data` / `model` axes and logical-axis
 shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, through
@@ -23,11 +25,13 @@ how much it needed), not a crash. `--find_max_batch` doubles, then bisects, the 
 """
 import dataclasses
 import functools
+import importlib
 import json
 import re
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +41,7 @@ from bert_jax.io import filesystem
 from bert_jax.model import flops, kernels
 from bert_jax.parallel import sharding, topologies
 from bert_jax.runtime import optim, outputs
+from bert_jax.runtime.state import TrainState
 from bert_jax.tasks import pretraining
 from data_pipelines import features as F
 from data_pipelines import packing
@@ -122,39 +127,110 @@ def _model_flops(config, global_batch: int) -> float:
       predictions=global_batch * config.max_predictions_per_seq, pairs=pairs)
 
 
-def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
-  """The report for one global batch size (see the module docstring)."""
-  config = config.copy_and_resolve_references()
-  config.global_batch_size = global_batch
+@dataclasses.dataclass
+class _Steps:
+  """A job's steps, uncompiled: init (for shapes), train and eval functions, example batches."""
+  model: Any
+  init_state: Callable[[], Any]        # abstract via jax.eval_shape
+  param_axes: Any
+  train_step: Callable
+  train_batch: Dict[str, np.ndarray]
+  eval_step: Callable                  # (params, batch) -> outputs
+  eval_batch: Dict[str, np.ndarray]
+  model_flops: float
+
+
+def _pretraining_steps(config, global_batch: int) -> _Steps:
   pretraining.check_config(config)
-  par, spec = target.par, target.spec
   model = pretraining.build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
   rng = jax.random.PRNGKey(config.seed)
-  abstract_state = jax.eval_shape(lambda: pretraining.create_train_state(config, model, tx, rng))
   param_axes = sharding.logical_axes(
       model.init, rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
-  par.state_sharding = sharding.state_shardings(abstract_state, param_axes, par.mesh, par.rules)
-  state = _abstract(abstract_state, par.state_sharding)
-  batch_sharding = sharding.batch_sharding(par.mesh)
-  batch = example_batch(config, global_batch)
-  batch_spec = _abstract(batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
-  rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
-  train_step = par.compile_step(functools.partial(
-      pretraining.train_step, model=model, tx=tx, objective=config.objective, schedule=schedule,
-      grad_accum_steps=config.grad_accum_steps))
-  eval_step = par.compile_eval(functools.partial(pretraining.eval_step, model=model,
-                                                 objective=config.objective))
-  eval_batch = example_batch(config.copy_and_resolve_references(), config.eval_batch_size)
+  eval_batch = example_batch(config, config.eval_batch_size)
   eval_batch.update(example_weight=np.ones(config.eval_batch_size, np.float32))
   for key in [k for k in eval_batch if k in (packing.NSP_WEIGHTS, "cls_positions", "pair_ids",
                                              "position_ids")]:
     eval_batch.pop(key)   # evaluation is never packed
+  return _Steps(
+      model=model,
+      init_state=lambda: pretraining.create_train_state(config, model, tx, rng),
+      param_axes=param_axes,
+      train_step=functools.partial(pretraining.train_step, model=model, tx=tx,
+                                   objective=config.objective, schedule=schedule,
+                                   grad_accum_steps=config.grad_accum_steps),
+      train_batch=example_batch(config, global_batch),
+      eval_step=functools.partial(pretraining.eval_step, model=model, objective=config.objective),
+      eval_batch=eval_batch, model_flops=_model_flops(config, global_batch))
+
+
+# config.task -> the module whose get_task(config) defines a fine-tuning task
+FINETUNING_TASKS = {"glue": "bert_jax.tasks.glue", "swag": "bert_jax.tasks.swag",
+                    "squad": "bert_jax.tasks.squad", "ner": "bert_jax.tasks.ner"}
+
+
+def _finetuning_steps(config, global_batch: int) -> _Steps:
+  """The fine-tuning step of `config.task` on the checkpoint's architecture; the batch shapes
+  come from the task's features of a few training examples (the data must be there)."""
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import finetuning
+  finetuning.check_config(config)
+  task = importlib.import_module(FINETUNING_TASKS[config.task]).get_task(config)
+  loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
+  bert_config = finetuning.bert_config_for(config, loaded_config)
+  tokenizer = finetuning.create_tokenizer(config, bert_config)
+  features = finetuning.load_split(task, task.train_split, tokenizer, limit=4).features
+  model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
+                                     task.freeze_encoder)
+  tx, schedule = finetuning.optimizer_for(task, config, max(config.get("num_train_steps", 0),
+                                                            1000))
+  rows = lambda n: finetuning.select_rows(features.arrays, np.zeros(n, np.int64), np.ones(n))
+  rng = jax.random.PRNGKey(config.seed)
+  sample = rows(1)
+  init_params = lambda: nn.unbox(model.init({"params": rng}, sample)["params"])
+  ids = features.arrays["input_ids"]
+  sequences = global_batch * int(np.prod(ids.shape[1:-1]))   # [B, C, S]: C per example
+  c = bert_config
+  return _Steps(
+      model=model, init_state=lambda: TrainState.create(init_params(), tx),
+      param_axes=sharding.logical_axes(model.init, {"params": rng}, sample),
+      train_step=functools.partial(finetuning.train_step, model=model, tx=tx,
+                                   task_loss=task.loss, schedule=schedule,
+                                   row_weight=task.row_weight,
+                                   grad_accum_steps=config.get("grad_accum_steps", 1)),
+      train_batch=rows(global_batch),
+      eval_step=functools.partial(finetuning.predict_step, model=model, task_loss=task.loss),
+      eval_batch=rows(config.eval_batch_size),
+      model_flops=flops.training_flops(
+          c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+          tokens=sequences * ids.shape[-1], attention_pairs=sequences * ids.shape[-1] ** 2,
+          predictions=0, pairs=sequences))
+
+
+def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
+  """The report for one global batch size (see the module docstring)."""
+  config = config.copy_and_resolve_references()
+  config.global_batch_size = global_batch
+  par, spec = target.par, target.spec
+  task = config.get("task", "pretraining")
+  steps = (_pretraining_steps(config, global_batch) if task == "pretraining"
+           else _finetuning_steps(config, global_batch))
+  abstract_state = jax.eval_shape(steps.init_state)
+  par.state_sharding = sharding.state_shardings(abstract_state, steps.param_axes, par.mesh,
+                                                par.rules)
+  state = _abstract(abstract_state, par.state_sharding)
+  batch_sharding = sharding.batch_sharding(par.mesh)
+  on_batch_axis = lambda batch: _abstract(
+      batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
+  rng = jax.random.PRNGKey(0)
+  rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
+  # The strategy's own compiled steps: the shardings a run would use.
+  train_step = par.compile_step(steps.train_step)
+  eval_step = jax.jit(steps.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
+                      out_shardings=sharding.replicated(par.mesh))
   with kernels.compiling_for("tpu"):
-    train = _compile(train_step, (state, batch_spec, rng_spec))
-    evaluation = _compile(eval_step, (
-        state.params,
-        _abstract(eval_batch, jax.tree_util.tree_map(lambda _: batch_sharding, eval_batch))))
+    train = _compile(train_step, (state, on_batch_axis(steps.train_batch), rng_spec))
+    evaluation = _compile(eval_step, (state.params, on_batch_axis(steps.eval_batch)))
   generation = spec.generation
   devices = len(par.mesh.devices.flat)
   report = {"topology": target.accelerator_type, "topology_name": spec.topology_name,
@@ -163,7 +239,7 @@ def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
             "global_batch_size": global_batch, "device_memory_bytes": generation.hbm_bytes,
             "peak_flops_per_device": generation.peak_bf16_flops,
             "hbm_bandwidth_per_device": generation.hbm_bandwidth,
-            "model_flops_per_step": _model_flops(config, global_batch)}
+            "model_flops_per_step": steps.model_flops}
   report.update(_verdict(train, generation))
   if "flops_per_device" in train:
     report["flops_per_step"] = train["flops_per_device"] * devices
@@ -246,9 +322,10 @@ def summary(report: Dict[str, Any]) -> str:
 
 def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
   """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
-  if config.get("task", "pretraining") != "pretraining":
-    raise ValueError(f"--compile_for compiles pre-training experiments (config.task="
-                     f"{config.task!r} is not yet supported)")
+  task = config.get("task", "pretraining")
+  if task != "pretraining" and task not in FINETUNING_TASKS:
+    raise ValueError(f"--compile_for compiles pre-training and fine-tuning experiments "
+                     f"({sorted(FINETUNING_TASKS)}); config.task={task!r} is not one")
   if config.get("parallelism", "jit") != "jit":
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)

@@ -566,7 +566,7 @@ def num_train_steps_for(config, num_rows: int) -> int:
   return max(1, int(num_rows * config.num_train_epochs / config.global_batch_size))
 
 
-def _optimizer(task: Task, config, num_train_steps: int):
+def optimizer_for(task: Task, config, num_train_steps: int):
   """AdamW with warm-up over `warmup_proportion` of the steps; the frozen encoder of the
   feature-based approach gets no update (and no Adam moments)."""
   opt_config = ml_collections.ConfigDict(dict(
@@ -705,7 +705,7 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
     raise ValueError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                      f"by the {data_parallelism} data-parallel devices")
   num_train_steps = num_train_steps_for(config, inputs.train.features.num_rows)
-  tx, schedule = _optimizer(task, config, num_train_steps)
+  tx, schedule = optimizer_for(task, config, num_train_steps)
   model = FineTuningModel(inputs.bert_config, task.make_head(), task.output_hidden_states,
                           task.freeze_encoder)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))

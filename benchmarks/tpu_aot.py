@@ -1,0 +1,77 @@
+r"""TPU slices from a CPU: compile the pre-training step for each (size, seq, packing, slice) with
+the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
+
+  pip install "jax[tpu]"
+  python benchmarks/tpu_aot.py --sizes=base,large --seqs=128,512 --packing=off,on \
+    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1]
+
+The paper's recipe (batch 256, 1M steps) is translated into wall-clock and chip-hours per slice
+from the roofline step time (`estimated_days`, `chip_hours`): a lower bound, since the roofline
+leaves out input feeding, host work, collectives' latency and XLA's real schedule.
+"""
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+from contextlib import redirect_stdout
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax.tasks import compile_report  # noqa: E402
+from experiments import pretraining_defaults  # noqa: E402
+
+PAPER_STEPS = 1_000_000
+
+
+def config_for(size: str, seq: int, packing: bool, batch: int, model_parallelism: int):
+  c = pretraining_defaults.get_config(size)
+  c.model.update(dtype="bfloat16", max_position_embeddings=max(512, seq))
+  c.max_seq_length, c.max_predictions_per_seq = seq, max(20, int(round(seq * 0.15)))
+  c.global_batch_size, c.eval_batch_size = batch, 64
+  c.model_parallelism = model_parallelism
+  c.data.packing = packing
+  c.data.max_pairs_per_row = max(1, seq // 32)
+  return c
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--sizes", default="base")
+  parser.add_argument("--seqs", default="128")
+  parser.add_argument("--packing", default="off")
+  parser.add_argument("--slices", default="v5litepod-8")
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--model_parallelism", type=int, default=1)
+  parser.add_argument("--find_max_batch", action="store_true")
+  args = parser.parse_args()
+  for size in args.sizes.split(","):
+    for seq in map(int, args.seqs.split(",")):
+      for packing in (p == "on" for p in args.packing.split(",")):
+        for accelerator in args.slices.split(","):
+          config = config_for(size, seq, packing, args.batch, args.model_parallelism)
+          with redirect_stdout(io.StringIO()):   # the report's own summary
+            report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
+                                        args.find_max_batch)
+          row = {"size": size, "seq": seq, "packing": packing, **{
+              k: report.get(k) for k in (
+                  "topology", "num_devices", "num_hosts", "global_batch_size", "fits",
+                  "max_global_batch_size", "compile_seconds", "flops_per_step",
+                  "model_flops_per_step", "roofline_step_seconds", "roofline_bound",
+                  "estimated_mfu")}}
+          memory = report.get("memory_per_device")
+          row["gib_per_device"] = round(memory["total_bytes"] / 2 ** 30, 2) if memory else None
+          if report.get("roofline_step_seconds"):
+            seconds = report["roofline_step_seconds"] * PAPER_STEPS * 256 / report[
+                "global_batch_size"]
+            row["estimated_days"] = round(seconds / 86400, 2)
+            row["chip_hours"] = round(seconds / 3600 * report["num_devices"], 1)
+          print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+  main()
