@@ -3,7 +3,8 @@ the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
 
   pip install "jax[tpu]"
   python benchmarks/tpu_aot.py --sizes=base,large --seqs=128,512 --packing=off,on \
-    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1]
+    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1] \
+    [--kernels="tuned;textbook"]
 
 The paper's recipe (batch 256, 1M steps) is translated into wall-clock and chip-hours per slice
 from the roofline step time (`estimated_days`, `chip_hours`): a lower bound, since the roofline
@@ -48,20 +49,26 @@ def main():
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--model_parallelism", type=int, default=1)
   parser.add_argument("--find_max_batch", action="store_true")
+  parser.add_argument("--kernels", default="auto",
+                      help="config.model.kernels, a comma list of variants to compare, e.g. "
+                      "tuned,textbook (BertConfig.kernels values separated by ';')")
   args = parser.parse_args()
   for size in args.sizes.split(","):
     for seq in map(int, args.seqs.split(",")):
       for packing in (p == "on" for p in args.packing.split(",")):
-        for accelerator in args.slices.split(","):
+        for accelerator, kernel_choice in ((a, k) for a in args.slices.split(",")
+                                           for k in args.kernels.split(";")):
           config = config_for(size, seq, packing, args.batch, args.model_parallelism)
+          config.model.kernels = kernel_choice
           with redirect_stdout(io.StringIO()):   # the report's own summary
             report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
                                         args.find_max_batch)
-          row = {"size": size, "seq": seq, "packing": packing, **{
+          row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice, **{
               k: report.get(k) for k in (
                   "topology", "num_devices", "num_hosts", "global_batch_size", "fits",
                   "max_global_batch_size", "compile_seconds", "flops_per_step",
-                  "model_flops_per_step", "roofline_step_seconds", "roofline_bound",
+                  "model_flops_per_step", "bytes_accessed_per_device",
+                  "roofline_step_seconds", "roofline_bound",
                   "estimated_mfu")}}
           memory = report.get("memory_per_device")
           row["gib_per_device"] = round(memory["total_bytes"] / 2 ** 30, 2) if memory else None

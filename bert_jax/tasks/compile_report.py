@@ -15,7 +15,8 @@ shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, throug
   memory_per_device {argument_bytes, output_bytes, temp_bytes, generated_code_bytes,
   total_bytes}, device_memory_bytes (HBM per chip), fits, over_by_bytes, flops_per_step (XLA's
   cost analysis, whole step, all devices), model_flops_per_step (`model.flops`, the count the
-  GPU MFU benchmark uses), peak_flops_per_device (bf16), hbm_bandwidth_per_device,
+  GPU MFU benchmark uses), bytes_accessed_per_device (XLA), peak_flops_per_device (bf16),
+  hbm_bandwidth_per_device,
   roofline_step_seconds (max of compute and memory time per device), estimated_mfu,
   eval_step {compile_seconds, memory_per_device, fits}
 
@@ -243,6 +244,7 @@ def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
   report.update(_verdict(train, generation))
   if "flops_per_device" in train:
     report["flops_per_step"] = train["flops_per_device"] * devices
+    report["bytes_accessed_per_device"] = train["bytes_accessed_per_device"]
     compute = train["flops_per_device"] / generation.peak_bf16_flops
     memory_time = train["bytes_accessed_per_device"] / generation.hbm_bandwidth
     report["roofline_step_seconds"] = max(compute, memory_time)
