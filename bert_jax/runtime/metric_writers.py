@@ -1,4 +1,5 @@
-"""Metrics to `WORKDIR/metrics.jsonl`, TensorBoard (`WORKDIR/tensorboard`) and the console.
+"""Metrics to `WORKDIR/metrics.jsonl` and TensorBoard (`WORKDIR/tensorboard`); the training loop
+prints the console lines.
 
 Each JSON line is `{"step": int, "split": "train"|"eval", "loss": float, "mlm_accuracy": ...,
 "nsp_accuracy": ..., ...}`. On resume the file is cut back to the restored step, so a run that was
@@ -91,13 +92,6 @@ class MetricWriter:
         for k, v in metrics.items():
           tf.summary.scalar(f"{split}/{k}", float(v))
       self._tb.flush()
-
-  def console(self, step: int, total: int, split: str, metrics: Dict[str, float]) -> None:
-    if not self.enabled:
-      return
-    keys = ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "sequences_per_sec")
-    shown = " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
-    print(f"[{split}] step {step}/{total} {shown}", flush=True)
 
   def flush(self) -> None:
     """Makes every logged line durable (Cloud Storage: rewrites the file whole)."""

@@ -88,7 +88,6 @@ from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 from bert_jax.runtime.loop import LoopSettings, Trainer
 from bert_jax.runtime.state import TrainState
 from bert_jax.text import tokenization
-from bert_jax.text.pairs import encode_pairs  # noqa: F401  (tasks build features with it)
 
 RESULTS_FILE = "results.json"
 BEST_DIR = "best"

@@ -29,6 +29,7 @@ from absl import logging
 
 from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
+from bert_jax.text import pairs
 from bert_jax.model import heads
 
 Column = Union[str, int]      # a header name, or a position for files without a header
@@ -311,7 +312,7 @@ def write_predictions(spec: GlueSpec, workdir: str, split: str, examples: Sequen
 def make_features(spec: GlueSpec, max_seq_length: int, examples: Sequence[GlueExample],
                   tokenizer, split: str) -> finetuning.Features:
   del split
-  arrays = finetuning.encode_pairs(tokenizer, [e.text_a for e in examples],
+  arrays = pairs.encode_pairs(tokenizer, [e.text_a for e in examples],
                                    [e.text_b for e in examples], max_seq_length)
   if spec.is_regression:
     arrays["label_values"] = np.array([e.label or 0.0 for e in examples], np.float32)

@@ -27,7 +27,7 @@ from bert_jax.io import training_checkpoints as tc
 from bert_jax.model import kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
-from bert_jax.runtime import optim, outputs
+from bert_jax.runtime import config_names, optim, outputs
 from bert_jax.runtime import step as step_core
 from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Trainer
 from bert_jax.runtime.state import TrainState
@@ -380,5 +380,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Fails before any work on a field that names another concept's field."""
-  from bert_jax.runtime import config_names
   config_names.check(config)

@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_jax.io import filesystem
 from bert_jax.tasks import finetuning
+from bert_jax.text import pairs
 from bert_jax.model import heads
 
 NUM_CHOICES = 4
@@ -68,7 +69,7 @@ def make_features(max_seq_length: int, examples: Sequence[SwagExample], tokenize
   del split
   contexts = [e.context for e in examples for _ in range(NUM_CHOICES)]
   endings = [f"{e.start_ending} {ending}".strip() for e in examples for ending in e.endings]
-  flat = finetuning.encode_pairs(tokenizer, contexts, endings, max_seq_length)     # [N*4, S]
+  flat = pairs.encode_pairs(tokenizer, contexts, endings, max_seq_length)     # [N*4, S]
   arrays = {k: v.reshape(len(examples), NUM_CHOICES, max_seq_length)               # [N, 4, S]
             for k, v in flat.items()}
   arrays["label_ids"] = np.array([e.label or 0 for e in examples], np.int32)       # [N]

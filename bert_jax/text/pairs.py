@@ -1,7 +1,7 @@
 """The one `[CLS] A [SEP] B [SEP]` encoder and pair truncation, for every input BERT reads.
 
 Pre-training instances (`data_pipelines.create_pretraining_data`), fine-tuning features
-(`tasks.finetuning.encode_pairs`) and feature extraction (`bert_jax.extract_features`) all build
+(`encode_pairs`, by the GLUE and SWAG features) and feature extraction (`bert_jax.extract_features`) all build
 their rows here, so the layout (segment 0 for `[CLS] A [SEP]`, segment 1 for `B [SEP]`) and the
 original's truncation rules live in one place.
 """
