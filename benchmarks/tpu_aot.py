@@ -28,9 +28,11 @@ from experiments import pretraining_defaults  # noqa: E402
 PAPER_STEPS = 1_000_000
 
 
-def config_for(size: str, seq: int, packing: bool, batch: int, model_parallelism: int):
+def config_for(size: str, seq: int, packing: bool, batch: int, model_parallelism: int,
+               scan_layers: bool = False, remat: bool = False):
   c = pretraining_defaults.get_config(size)
-  c.model.update(dtype="bfloat16", max_position_embeddings=max(512, seq))
+  c.model.update(dtype="bfloat16", max_position_embeddings=max(512, seq),
+                 scan_layers=scan_layers, remat=remat)
   c.max_seq_length, c.max_predictions_per_seq = seq, max(20, int(round(seq * 0.15)))
   c.global_batch_size, c.eval_batch_size = batch, 64
   c.model_parallelism = model_parallelism
@@ -49,23 +51,39 @@ def main():
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--model_parallelism", type=int, default=1)
   parser.add_argument("--find_max_batch", action="store_true")
+  parser.add_argument("--scan_layers", action="store_true",
+                      help="compile one layer body scanned L times: the same step, compiled "
+                      "about L times faster (BERT-large: 24)")
+  parser.add_argument("--remat", action="store_true",
+                      help="rematerialise each layer in the backward pass (less memory)")
   parser.add_argument("--kernels", default="auto",
                       help="config.model.kernels, a comma list of variants to compare, e.g. "
                       "tuned,textbook (BertConfig.kernels values separated by ';')")
+  parser.add_argument("--table", default="",
+                      help="instead of compiling: the markdown tables from JSON lines this "
+                      "script printed (files, comma-separated; --find_max_batch lines fill the "
+                      "'largest batch' column)")
   args = parser.parse_args()
+  if args.table:
+    print(markdown_tables([json.loads(line) for path in args.table.split(",")
+                           for line in open(path, encoding="utf-8") if line.startswith("{")]))
+    return
   for size in args.sizes.split(","):
     for seq in map(int, args.seqs.split(",")):
       for packing in (p == "on" for p in args.packing.split(",")):
         for accelerator, kernel_choice in ((a, k) for a in args.slices.split(",")
                                            for k in args.kernels.split(";")):
-          config = config_for(size, seq, packing, args.batch, args.model_parallelism)
+          config = config_for(size, seq, packing, args.batch, args.model_parallelism,
+                              args.scan_layers, args.remat)
           config.model.kernels = kernel_choice
           with redirect_stdout(io.StringIO()):   # the report's own summary
             report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
                                         args.find_max_batch)
-          row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice, **{
+          row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice,
+                 "scan_layers": args.scan_layers, "remat": args.remat, **{
               k: report.get(k) for k in (
                   "topology", "num_devices", "num_hosts", "global_batch_size", "fits",
+                  "over_by_bytes",
                   "max_global_batch_size", "compile_seconds", "flops_per_step",
                   "model_flops_per_step", "bytes_accessed_per_device",
                   "roofline_step_seconds", "roofline_bound",
@@ -78,6 +96,44 @@ def main():
             row["estimated_days"] = round(seconds / 86400, 2)
             row["chip_hours"] = round(seconds / 3600 * report["num_devices"], 1)
           print(json.dumps(row), flush=True)
+
+
+def markdown_tables(rows) -> str:
+  """Per-chip memory, largest batch, roofline and MFU per cell; then the paper's recipe (90% of
+  1M steps at seq 128, 10% at 512, batch 256) per slice from the seq 128 and 512 cells."""
+  key = lambda r: (r["size"], r["seq"], r["packing"], r["topology"])
+  largest = {key(r): r["max_global_batch_size"] for r in rows if r.get("max_global_batch_size")}
+  cells = {key(r): r for r in rows if r["global_batch_size"] == 256
+           and not r.get("max_global_batch_size")}
+  out = ["| model | seq | packing | slice (chips) | per chip at batch 256 | XLA / analytic FLOPs "
+         "| roofline step (bound) | est. MFU (ceiling) | largest global batch |",
+         "|---|---|---|---|---|---|---|---|---|"]
+  for k, r in sorted(cells.items()):
+    memory = (f"{r['gib_per_device']:.2f} GiB" if r["fits"] else
+              f"does not fit (+{(r.get('over_by_bytes') or 0) / 2 ** 30:.1f} GiB)")
+    ratio = (f"{r['flops_per_step'] / r['model_flops_per_step']:.3f}"
+             if r.get("flops_per_step") else "-")
+    roofline = (f"{1e3 * r['roofline_step_seconds']:.1f} ms ({r['roofline_bound']})"
+                if r.get("roofline_step_seconds") else "-")
+    mfu = f"{100 * r['estimated_mfu']:.1f}%" if r.get("estimated_mfu") else "-"
+    out.append(f"| {r['size']} | {r['seq']} | {'on' if r['packing'] else 'off'} | "
+               f"{r['topology']} ({r['num_devices']}) | {memory} | {ratio} | {roofline} | {mfu} "
+               f"| {largest.get(k, '-')} |")
+  out += ["", "| model | packing | slice (chips) | paper's recipe: roofline days | chip-hours |",
+          "|---|---|---|---|---|"]
+  for (size, seq, packing, topology), r in sorted(cells.items()):
+    long = cells.get((size, 512, packing, topology))
+    if seq != 128 or long is None:
+      continue
+    if not (r.get("roofline_step_seconds") and long.get("roofline_step_seconds")):
+      out.append(f"| {size} | {'on' if packing else 'off'} | {topology} "
+                 f"({r['num_devices']}) | batch 256 does not fit at seq 512 | - |")
+      continue
+    seconds = PAPER_STEPS * (0.9 * r["roofline_step_seconds"]
+                             + 0.1 * long["roofline_step_seconds"])
+    out.append(f"| {size} | {'on' if packing else 'off'} | {topology} ({r['num_devices']}) | "
+               f"{seconds / 86400:.2f} | {seconds / 3600 * r['num_devices']:.0f} |")
+  return "\n".join(out)
 
 
 if __name__ == "__main__":

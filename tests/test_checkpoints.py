@@ -211,6 +211,20 @@ def test_missing_tensors_are_listed(tmp_path):
     checkpoints.load_pretrained(path)
 
 
+def test_a_model_pre_trained_without_nsp_loads_with_its_masked_lm_head():
+  """objective=mlm or ltr leaves no NSP head: the MLM head alone loads; half a head does not."""
+  config = BertConfig.named("tiny").replace(vocab_size=64, max_position_embeddings=16)
+  params = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(0))
+  flat = {k: v for k, v in checkpoints.flatten(params).items()
+          if not k.startswith("cls/seq_relationship/")}
+  tree = checkpoints.check_and_unflatten(flat, config, "no-nsp")
+  assert checkpoints.missing_heads(tree) == ["cls/seq_relationship"]
+  flat.pop("cls/predictions/output_bias")
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match="part of the pre-training head cls/predictions"):
+    checkpoints.check_and_unflatten(flat, config, "torn")
+
+
 def test_pickle_refused_without_explicit_flag(tmp_path):
   target = tmp_path / "pt"
   target.mkdir()

@@ -110,3 +110,43 @@ def test_fine_tuning_step_compiles_for_a_slice(compile_report, tmp_path, acceler
   assert report["num_hosts"] == hosts and report["mesh"]["model"] == 2
   assert report["fits"] and report["eval_step"]["fits"]
   assert report["flops_per_step"] > 0 and report["model_flops_per_step"] > 0
+
+
+def test_scanned_layers_cost_is_the_unrolled_steps(compile_report, tmp_path):
+  """XLA counts a scanned layer once; the report's FLOPs for a scan over 4 layers come from the
+  step unrolled at 1 and 2 layers and match the 4-layer step compiled unrolled."""
+  reports = {}
+  for scan in (False, True):
+    config = _tiny(global_batch_size=16)
+    config.model.update(num_hidden_layers=4, scan_layers=scan)
+    reports[scan] = compile_report.run(config, str(tmp_path / str(scan)), "v5litepod-4")
+  assert "cost_analysis" in reports[True] and "cost_analysis" not in reports[False]
+  assert reports[True]["flops_per_step"] == pytest.approx(reports[False]["flops_per_step"],
+                                                          rel=0.01)
+  assert reports[True]["bytes_accessed_per_device"] == pytest.approx(
+      reports[False]["bytes_accessed_per_device"], rel=0.10)
+
+
+def test_max_batch_search_lands_on_the_boundary(compile_report, monkeypatch):
+  """The search against a stand-in compiler whose memory is affine in the batch with a step
+  (as when XLA changes a layout): the largest fitting batch, in a few compiles."""
+  unit, capacity = 4, 16 * 2 ** 30
+  memory = lambda batch: 2 ** 30 + batch * 37_000_000 + (2 ** 29 if batch > 900 else 0)
+  compiled = []
+
+  def report(self, global_batch, scanned_cost=True):
+    del self, scanned_cost
+    compiled.append(global_batch)
+    total = memory(global_batch)
+    return {"fits": total <= capacity, "memory_per_device": {"total_bytes": total},
+            "eval_step": {"fits": True}, "global_batch_size": global_batch}
+
+  monkeypatch.setattr(compile_report._Compiler, "report", report)
+  target = compile_report._Target(
+      "v5litepod-4", topologies.parse("v5litepod-4"),
+      type("Par", (), {"mesh": type("Mesh", (), {"shape": {"data": unit, "model": 1}})()})())
+  config = _tiny(global_batch_size=32)
+  best = compile_report.find_max_batch(config, target)
+  largest = max(b for b in range(unit, 4096, unit) if memory(b) <= capacity)
+  assert best["max_global_batch_size"] == largest
+  assert len(compiled) <= 8, compiled          # doubling then bisection would take ~14

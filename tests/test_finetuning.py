@@ -211,6 +211,32 @@ def test_left_to_right_ablation_fine_tunes_with_causal_attention():
   assert finetuning.bert_config_for(config, pretrained).causal_attention
 
 
+def test_causal_pooler_reads_the_last_real_token():
+  """Under causal attention [CLS] sees only itself; the pooled output (what classifiers read)
+  must come from the last real token, so it changes with any token of the input."""
+  import flax.linen as nn
+  import jax.numpy as jnp
+  from bert_jax.model import modeling
+  from bert_jax.model.config import BertConfig
+  config = BertConfig.named("tiny").replace(vocab_size=50, max_position_embeddings=16,
+                                            causal_attention=True)
+  model = modeling.BertModel(config)
+  ids = jnp.array([[2, 5, 6, 7, 3, 0, 0, 0]])                  # [CLS] a b c [SEP] pad...
+  mask = (ids > 0).astype(jnp.int32)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, mask))
+  pooled = lambda i: model.apply(params, i, mask)["pooled_output"]
+  out = model.apply(params, ids, mask)
+  kernel, bias = (params["params"]["pooler"]["dense"][k] for k in ("kernel", "bias"))
+  expected = jnp.tanh(out["sequence_output"][:, 4] @ kernel + bias)
+  np.testing.assert_allclose(out["pooled_output"], expected, atol=1e-5)
+  changed = ids.at[0, 2].set(9)
+  assert not np.allclose(pooled(ids), pooled(changed))
+  bidirectional = modeling.BertModel(config.replace(causal_attention=False))
+  np.testing.assert_allclose(bidirectional.apply(params, ids, mask)["pooled_output"],
+                             jnp.tanh(bidirectional.apply(params, ids, mask)["sequence_output"][
+                                 :, 0] @ kernel + bias), atol=1e-5)
+
+
 def test_fine_tuned_best_directory_predicts_without_training(mrpc_run, data, tmp_path):
   """`best/` is self-contained (encoder, head, vocabulary): zero epochs = predict only."""
   workdir, results = mrpc_run

@@ -71,6 +71,10 @@ def save_safetensors(state: Dict[str, np.ndarray], path: str,
 # --------------------------------------------------------------------------- shapes and checks
 
 
+# The pre-training heads: masked LM, next-sentence prediction.
+HEADS = ("cls/predictions", "cls/seq_relationship")
+
+
 def expected_shapes(config: BertConfig, with_heads: bool = True) -> Dict[str, Tuple[int, ...]]:
   """{flat name: shape} of BertForPreTraining in the per-layer layout (no compilation)."""
   config = config.replace(scan_layers=False, remat=False)
@@ -104,11 +108,16 @@ def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
         lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20]) +
                      (" ..." if len(items) > 20 else ""))
     raise CheckpointMismatchError("\n".join(lines))
-  heads = {k for k in expected if k.startswith("cls/")}
-  present_heads = heads & set(flat)
-  if present_heads and present_heads != heads:
-    raise CheckpointMismatchError(f"Checkpoint {source} has only part of the pre-training heads; "
-                                  f"missing: {sorted(heads - present_heads)}")
+  # Each head is all there or absent: a model pre-trained without NSP (objective mlm or ltr)
+  # has the masked-LM head only.
+  present_heads = set()
+  for head in HEADS:
+    names = {k for k in expected if k.startswith(head + "/")}
+    present = names & set(flat)
+    if present and present != names:
+      raise CheckpointMismatchError(f"Checkpoint {source} has only part of the pre-training head "
+                                    f"{head}; missing: {sorted(names - present)}")
+    present_heads |= present
   if not present_heads:
     logging.info("Checkpoint %s has no pre-training heads (cls/...): only the encoder is loaded.",
                  source)
@@ -435,4 +444,5 @@ def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:
 
 def missing_heads(params: Dict) -> List[str]:
   """Names of the pre-training heads that a loaded checkpoint lacks (empty if complete)."""
-  return [] if "cls" in params else ["cls/predictions", "cls/seq_relationship"]
+  present = params.get("cls", {})
+  return [head for head in HEADS if head.split("/")[1] not in present]

@@ -313,17 +313,24 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-  """dense + tanh on the final hidden state of [CLS]."""
+  """dense + tanh on the final hidden state of [CLS].
+
+  Under causal attention (the left-to-right ablation) [CLS] sees only itself, so the pooler
+  reads the last real token instead (the final [SEP], the one position that has seen the whole
+  input, as left-to-right models classify from their last token)."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, sequence_output, cls_positions=None):
-    """[B, S, H] -> [B, H] at position 0, or [B, K, H] at `cls_positions` [B, K] (packed rows)."""
+  def __call__(self, sequence_output, cls_positions=None, last_positions=None):
+    """[B, S, H] -> [B, H] at position 0 (or `last_positions` [B] under causal attention), or
+    [B, K, H] at `cls_positions` [B, K] (packed rows)."""
     c = self.config
-    if cls_positions is None:
-      first = sequence_output[:, 0]                           # [B, H]
-    else:
+    if cls_positions is not None:
       first = gather_positions(sequence_output, cls_positions)  # [B, K, H]
+    elif last_positions is not None:
+      first = gather_positions(sequence_output, last_positions[:, None])[:, 0]   # [B, H]
+    else:
+      first = sequence_output[:, 0]                           # [B, H]
     return jnp.tanh(_dense(c, c.hidden_size, ("embed", "embed_out"), "dense")(first))
 
 
@@ -359,7 +366,10 @@ class BertModel(nn.Module):
     sequence_output, layers = self.encoder(x, bias, deterministic, output_hidden_states)
     outputs = {"sequence_output": sequence_output}
     if self.add_pooling_layer:
-      outputs["pooled_output"] = self.pooler(sequence_output, cls_positions)
+      last = None
+      if c.causal_attention and attention_mask.ndim == 2:
+        last = jnp.sum(attention_mask, axis=-1).astype(jnp.int32) - 1     # [B]
+      outputs["pooled_output"] = self.pooler(sequence_output, cls_positions, last)
     if output_hidden_states:
       outputs["hidden_states"] = jnp.concatenate([x[None], layers], axis=0)
     return outputs

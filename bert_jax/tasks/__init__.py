@@ -14,6 +14,7 @@ RUNNERS = {
     "squad": ("bert_jax.tasks.squad", "run"),
     "ner": ("bert_jax.tasks.ner", "run"),
     "ner_feature_based": ("bert_jax.tasks.feature_based", "run"),
+    "ablations": ("bert_jax.tasks.ablations", "run"),
 }
 
 

@@ -21,8 +21,13 @@ shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, throug
   eval_step {compile_seconds, memory_per_device, fits}
 
 A step that does not fit is a report with `fits: false` (the compiler's out-of-memory error says
-how much it needed), not a crash. `--find_max_batch` doubles, then bisects, the global batch
-(in multiples of the data axis and `grad_accum_steps`) to the largest that fits.
+how much it needed), not a crash. `--find_max_batch` searches the largest global batch that
+fits (in multiples of the data axis and `grad_accum_steps`), extrapolating the memory of the
+batches compiled so far to the chip's HBM and checking the boundary with real compiles.
+
+With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the FLOPs and bytes
+(and so the roofline) then come from the same step unrolled at 1 and 2 layers, extrapolated to
+L (`cost_analysis` in the report says so); memory is always the real scanned step's.
 """
 import dataclasses
 import functools
@@ -141,8 +146,11 @@ class _Steps:
   model_flops: float
 
 
-def _pretraining_steps(config, global_batch: int) -> _Steps:
+def _pretraining_steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
   pretraining.check_config(config)
+  if layers is not None:
+    config = config.copy_and_resolve_references()
+    config.model.update(num_hidden_layers=layers, scan_layers=False)
   model = pretraining.build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
   rng = jax.random.PRNGKey(config.seed)
@@ -170,7 +178,7 @@ FINETUNING_TASKS = {"glue": "bert_jax.tasks.glue", "swag": "bert_jax.tasks.swag"
                     "squad": "bert_jax.tasks.squad", "ner": "bert_jax.tasks.ner"}
 
 
-def _finetuning_steps(config, global_batch: int) -> _Steps:
+def _finetuning_steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
   """The fine-tuning step of `config.task` on the checkpoint's architecture; the batch shapes
   come from the task's features of a few training examples (the data must be there)."""
   from bert_jax.io import checkpoints
@@ -179,6 +187,8 @@ def _finetuning_steps(config, global_batch: int) -> _Steps:
   task = importlib.import_module(FINETUNING_TASKS[config.task]).get_task(config)
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded_config)
+  if layers is not None:
+    bert_config = bert_config.replace(num_hidden_layers=layers, scan_layers=False)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   features = finetuning.load_split(task, task.train_split, tokenizer, limit=4).features
   model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
@@ -208,88 +218,184 @@ def _finetuning_steps(config, global_batch: int) -> _Steps:
           predictions=0, pairs=sequences))
 
 
+def _steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
+  if config.get("task", "pretraining") == "pretraining":
+    return _pretraining_steps(config, global_batch, layers)
+  return _finetuning_steps(config, global_batch, layers)
+
+
+def _scanned_layers(config) -> int:
+  """The layer count when the encoder is a scan over layers (0 when unrolled)."""
+  model = config.get("model", {})
+  if not model.get("scan_layers", False):
+    return 0
+  if config.get("task", "pretraining") == "pretraining":
+    return int(model.num_hidden_layers)
+  from bert_jax.io import checkpoints
+  return checkpoints.load_pretrained(config.init_checkpoint)[0].num_hidden_layers
+
+
+class _Compiler:
+  """Compiles one experiment's steps on one slice, for any global batch."""
+
+  def __init__(self, config, target: _Target):
+    self.config, self.target = config.copy_and_resolve_references(), target
+    self._eval = None   # the eval step's verdict: its batch does not change with the train batch
+
+  def _train_and_eval(self, global_batch: int, layers: Optional[int] = None,
+                      with_eval: bool = True):
+    config = self.config.copy_and_resolve_references()
+    config.global_batch_size = global_batch
+    par = self.target.par
+    steps = _steps(config, global_batch, layers)
+    abstract_state = jax.eval_shape(steps.init_state)
+    par.state_sharding = sharding.state_shardings(abstract_state, steps.param_axes, par.mesh,
+                                                  par.rules)
+    state = _abstract(abstract_state, par.state_sharding)
+    batch_sharding = sharding.batch_sharding(par.mesh)
+    on_batch_axis = lambda batch: _abstract(
+        batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
+    rng = jax.random.PRNGKey(0)
+    rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
+    # The strategy's own compiled steps: the shardings a run would use.
+    train_step = par.compile_step(steps.train_step)
+    eval_step = jax.jit(steps.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
+                        out_shardings=sharding.replicated(par.mesh))
+    with kernels.compiling_for("tpu"):
+      train = _compile(train_step, (state, on_batch_axis(steps.train_batch), rng_spec))
+      evaluation = (_compile(eval_step, (state.params, on_batch_axis(steps.eval_batch)))
+                    if with_eval else None)
+    return steps, train, evaluation
+
+  def _scanned_cost(self, global_batch: int, layers: int) -> Dict[str, float]:
+    """Per-device FLOPs and bytes of an L-layer scanned step. XLA's cost analysis counts a
+    loop body once, so the cost comes from the same step unrolled at 1 and 2 layers, whose
+    difference is one layer's: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1))."""
+    one, two = (self._train_and_eval(global_batch, n, with_eval=False)[1] for n in (1, 2))
+    if "flops_per_device" not in one or "flops_per_device" not in two:
+      return {}
+    return {k: one[k] + (layers - 1) * (two[k] - one[k])
+            for k in ("flops_per_device", "bytes_accessed_per_device")}
+
+  def report(self, global_batch: int, scanned_cost: bool = True) -> Dict[str, Any]:
+    """The report for one global batch size (see the module docstring). `scanned_cost=False`
+    leaves out the roofline of a scanned step (its two extra compiles; `add_scanned_cost`)."""
+    steps, train, evaluation = self._train_and_eval(global_batch, with_eval=self._eval is None)
+    spec, generation = self.target.spec, self.target.spec.generation
+    if evaluation is not None:
+      self._eval = _verdict(evaluation, generation)
+    mesh = self.target.par.mesh
+    devices = len(mesh.devices.flat)
+    report = {"topology": self.target.accelerator_type, "topology_name": spec.topology_name,
+              "device_kind": generation.device_kind, "num_devices": devices,
+              "num_hosts": spec.num_hosts, "mesh": dict(mesh.shape),
+              "global_batch_size": global_batch, "device_memory_bytes": generation.hbm_bytes,
+              "peak_flops_per_device": generation.peak_bf16_flops,
+              "hbm_bandwidth_per_device": generation.hbm_bandwidth,
+              "model_flops_per_step": steps.model_flops}
+    report.update(_verdict(train, generation))
+    if "flops_per_device" in train:
+      if not _scanned_layers(self.config):
+        report.update(_roofline(train, devices, generation, steps.model_flops))
+      elif scanned_cost:
+        self.add_scanned_cost(report)
+    report["eval_step"] = self._eval
+    return report
+
+  def add_scanned_cost(self, report: Dict[str, Any]):
+    """Adds the roofline of a scanned step to its report, from `_scanned_cost`."""
+    layers = _scanned_layers(self.config)
+    cost = self._scanned_cost(report["global_batch_size"], layers)
+    if cost:
+      report["cost_analysis"] = (f"scan over {layers} layers: extrapolated from the step "
+                                 f"unrolled at 1 and 2 layers")
+      report.update(_roofline(cost, report["num_devices"], self.target.spec.generation,
+                              report["model_flops_per_step"]))
+
+
 def compile_steps(config, target: _Target, global_batch: int) -> Dict[str, Any]:
   """The report for one global batch size (see the module docstring)."""
-  config = config.copy_and_resolve_references()
-  config.global_batch_size = global_batch
-  par, spec = target.par, target.spec
-  task = config.get("task", "pretraining")
-  steps = (_pretraining_steps(config, global_batch) if task == "pretraining"
-           else _finetuning_steps(config, global_batch))
-  abstract_state = jax.eval_shape(steps.init_state)
-  par.state_sharding = sharding.state_shardings(abstract_state, steps.param_axes, par.mesh,
-                                                par.rules)
-  state = _abstract(abstract_state, par.state_sharding)
-  batch_sharding = sharding.batch_sharding(par.mesh)
-  on_batch_axis = lambda batch: _abstract(
-      batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
-  rng = jax.random.PRNGKey(0)
-  rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
-  # The strategy's own compiled steps: the shardings a run would use.
-  train_step = par.compile_step(steps.train_step)
-  eval_step = jax.jit(steps.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
-                      out_shardings=sharding.replicated(par.mesh))
-  with kernels.compiling_for("tpu"):
-    train = _compile(train_step, (state, on_batch_axis(steps.train_batch), rng_spec))
-    evaluation = _compile(eval_step, (state.params, on_batch_axis(steps.eval_batch)))
-  generation = spec.generation
-  devices = len(par.mesh.devices.flat)
-  report = {"topology": target.accelerator_type, "topology_name": spec.topology_name,
-            "device_kind": generation.device_kind, "num_devices": devices,
-            "num_hosts": spec.num_hosts, "mesh": dict(par.mesh.shape),
-            "global_batch_size": global_batch, "device_memory_bytes": generation.hbm_bytes,
-            "peak_flops_per_device": generation.peak_bf16_flops,
-            "hbm_bandwidth_per_device": generation.hbm_bandwidth,
-            "model_flops_per_step": steps.model_flops}
-  report.update(_verdict(train, generation))
-  if "flops_per_device" in train:
-    report["flops_per_step"] = train["flops_per_device"] * devices
-    report["bytes_accessed_per_device"] = train["bytes_accessed_per_device"]
-    compute = train["flops_per_device"] / generation.peak_bf16_flops
-    memory_time = train["bytes_accessed_per_device"] / generation.hbm_bandwidth
-    report["roofline_step_seconds"] = max(compute, memory_time)
-    report["roofline_bound"] = "compute" if compute >= memory_time else "memory"
-    report["estimated_mfu"] = report["model_flops_per_step"] / (
-        devices * generation.peak_bf16_flops * report["roofline_step_seconds"])
-  report["eval_step"] = _verdict(evaluation, generation)
-  return report
+  return _Compiler(config, target).report(global_batch)
+
+
+def _roofline(cost: Dict[str, float], devices: int, generation, model_flops: float) -> Dict:
+  compute = cost["flops_per_device"] / generation.peak_bf16_flops
+  memory_time = cost["bytes_accessed_per_device"] / generation.hbm_bandwidth
+  step = max(compute, memory_time)
+  return {"flops_per_step": cost["flops_per_device"] * devices,
+          "bytes_accessed_per_device": cost["bytes_accessed_per_device"],
+          "roofline_step_seconds": step,
+          "roofline_bound": "compute" if compute >= memory_time else "memory",
+          "estimated_mfu": model_flops / (devices * generation.peak_bf16_flops * step)}
 
 
 def _verdict(result: Dict[str, Any], generation) -> Dict[str, Any]:
   """compile_seconds, memory_per_device, fits and over_by_bytes of one compiled step."""
   verdict = {k: v for k, v in result.items()
              if k not in ("flops_per_device", "bytes_accessed_per_device")}
-  total = (result["memory_per_device"]["total_bytes"] if "memory_per_device" in result
-           else result.get("required_bytes"))
+  total = _total_bytes(result)
   if "fits" not in verdict:
     verdict["fits"] = total <= generation.hbm_bytes
   verdict["over_by_bytes"] = max(0, (total or 0) - generation.hbm_bytes) if total else None
   return verdict
 
 
+def _total_bytes(result: Dict[str, Any]) -> Optional[int]:
+  """Per-device bytes of a compiled step, or what an out-of-memory error said it needed."""
+  return (result["memory_per_device"]["total_bytes"] if "memory_per_device" in result
+          else result.get("required_bytes"))
+
+
+def _next_guess(measured: Dict[int, int], low: int, high: Optional[int], capacity: int) -> int:
+  """The next batch (in units) to compile: where the line through the two measured batches
+  nearest the boundary reaches `capacity`, kept strictly inside (low, high); doubling or
+  bisection when there is no line yet. Memory grows about linearly with the batch
+  (activations), so this usually lands on the boundary in one or two compiles."""
+  near = sorted(measured, key=lambda n: (abs(n - low), n))[:2] if len(measured) >= 2 else []
+  guess = None
+  if len(near) == 2 and near[0] != near[1]:
+    (n0, m0), (n1, m1) = sorted((n, measured[n]) for n in near)
+    slope = (m1 - m0) / (n1 - n0)
+    if slope > 0:
+      guess = int(n0 + (capacity - m0) // slope)
+  ceiling = high - 1 if high is not None else max(2 * low, 1) * 8
+  if guess is None:
+    guess = 2 * low if high is None else (low + high) // 2
+  return max(low + 1, min(guess, ceiling))
+
+
 def find_max_batch(config, target: _Target) -> Dict[str, Any]:
-  """The report of the largest global batch that fits: doubling, then bisection, in steps of the
-  data axis times grad_accum_steps."""
+  """The report of the largest global batch that fits, in steps of the data axis times
+  `grad_accum_steps`: from the configured batch, each next try is where the memory measured so
+  far extrapolates to the chip's HBM (`_next_guess`), until a fitting batch and one more unit
+  that does not fit bracket it. The evaluation step (whose batch is fixed) is compiled once."""
   unit = target.par.mesh.shape[sharding.DATA_AXIS] * config.grad_accum_steps
-  fits = lambda n: (lambda r: (r["fits"] and r["eval_step"]["fits"], r))(
-      compile_steps(config, target, n * unit))
-  low, high, best = 0, 1, None
-  while True:   # doubling: low fits (or is 0), high is the next try
-    ok, report = fits(high)
-    print(f"  global batch {high * unit}: {'fits' if ok else 'does not fit'}", flush=True)
-    if not ok:
-      break
-    low, best, high = high, report, high * 2
-  while high - low > 1:
-    middle = (low + high) // 2
-    ok, report = fits(middle)
-    print(f"  global batch {middle * unit}: {'fits' if ok else 'does not fit'}", flush=True)
-    if ok:
-      low, best = middle, report
+  compiler = _Compiler(config, target)
+  capacity = target.spec.generation.hbm_bytes
+  measured: Dict[int, int] = {}   # units -> bytes per device (compiled, or the OOM's figure)
+  low, high, best = 0, None, None
+  units = max(1, config.global_batch_size // unit)
+  while True:
+    report = compiler.report(units * unit, scanned_cost=False)
+    if not report["eval_step"]["fits"]:
+      raise ValueError(f"The evaluation step (eval_batch_size={config.eval_batch_size}) does "
+                       f"not fit on {target.accelerator_type}; lower it")
+    total = _total_bytes(report)
+    if total:
+      measured[units] = total
+    print(f"  global batch {units * unit}: {'fits' if report['fits'] else 'does not fit'}"
+          + (f" ({total / 2 ** 30:.2f} GiB per device)" if total else ""), flush=True)
+    if report["fits"]:
+      low, best = units, report
     else:
-      high = middle
+      high = units
+    if high is not None and high - low <= 1:
+      break
+    units = _next_guess(measured, low, high, capacity)
   if best is None:
     raise ValueError(f"Not even a global batch of {unit} fits on {target.accelerator_type}")
+  if _scanned_layers(config) and "memory_per_device" in best:
+    compiler.add_scanned_cost(best)
   best["max_global_batch_size"] = low * unit
   return best
 

@@ -340,7 +340,8 @@ def _from_init_checkpoint(config, tx, par, state):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
 
-  Returns the last logged training metrics (and eval metrics under `eval_*`).
+  Returns the last logged training metrics (and eval metrics under `eval_*`), with
+  `preempted: True` when SIGTERM stopped it early (after saving a checkpoint).
   """
   check_config(config)
   workdir = _prepare_workdir(config, workdir)
@@ -375,7 +376,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         window_metrics=window_metrics)
   finally:
     trainer.close()
-  return last
+  return dict(last, preempted=True) if trainer.preempted else last
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
