@@ -26,6 +26,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -168,11 +169,15 @@ class Trainer:
         window_steps += 1
         final = step == settings.num_steps
         if step % settings.log_every_steps == 0 or final:
-          elapsed = max(time.time() - window_start, 1e-9)
+          # Steps are dispatched asynchronously: the window ends when its last step has run,
+          # not when it was queued (else the rates count queueing, up to 2x too fast on CPU).
+          jax.block_until_ready((state, metrics))
+          window_end = time.time()
+          elapsed = max(window_end - window_start, 1e-9)
           rates = dict(steps_per_sec=window_steps / elapsed,
                        **window_metrics(window_sums, window_steps, elapsed))
+          window_start, window_steps, window_sums = window_end, 0, {}   # logging counts next
           last.update(self._train_line(step, state, metrics, rates))
-          window_start, window_steps, window_sums = time.time(), 0, {}
         evaluated = evaluate is not None and (eval_at(step) or final)
         if evaluated:
           eval_metrics = evaluate(state, step)
