@@ -112,6 +112,14 @@ def test_non_finite_step_is_skipped_and_counted():
   for a, b in zip(jax.tree_util.tree_leaves(after.opt_state),
                   jax.tree_util.tree_leaves(bad_state.opt_state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The skip did not advance the optimizer's schedule: the next step applies (and logs) the
+  # rate the skipped step would have had, not the one of its own step number.
+  _, schedule = optim.create_optimizer(config, config.num_train_steps)
+  clean = after.replace(params=state.params)
+  _, next_metrics = step(clean, synthetic_batch(2), jax.random.PRNGKey(0))
+  assert float(next_metrics["learning_rate"]) == float(metrics["learning_rate"]) == float(
+      schedule(1))
+  assert float(schedule(1)) != float(schedule(2))
 
 
 @pytest.mark.parametrize("objective", ["mlm_nsp", "ltr"])

@@ -99,5 +99,8 @@ def train_step(state: TrainState, batch, rng, *, objective: Objective,
       consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1),
       total_skips=state.total_skips + jnp.where(finite, 0, 1))
   metrics.update(grad_norm=grad_norm, param_norm=optax.tree.norm(new_state.params),
-                 learning_rate=schedule(state.step), skipped=1.0 - finite.astype(jnp.float32))
+                 # The rate this step applied: the optimizer's own count, which a skipped step
+                 # does not advance (state.step does).
+                 learning_rate=schedule(state.step - state.total_skips),
+                 skipped=1.0 - finite.astype(jnp.float32))
   return new_state, metrics
