@@ -66,12 +66,7 @@ def variant_names(config) -> List[str]:
 def pretraining_config(config, name: str) -> ml_collections.ConfigDict:
   """`config.pretraining` with the variant's overrides."""
   c = ml_collections.ConfigDict(config.pretraining.to_dict())
-  for field, value in VARIANTS[name][1].items():
-    *parents, leaf = field.split(".")
-    node = c
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
+  c.update_from_flattened_dict(VARIANTS[name][1])
   return c
 
 

@@ -240,6 +240,8 @@ class _Compiler:
 
   def __init__(self, config, target: _Target):
     self.config, self.target = config.copy_and_resolve_references(), target
+    # 0 when unrolled; read once (fine-tuning reads it from the checkpoint).
+    self.scanned_layers = _scanned_layers(self.config)
     self._eval = None   # the eval step's verdict: its batch does not change with the train batch
 
   def _train_and_eval(self, global_batch: int, layers: Optional[int] = None,
@@ -295,7 +297,7 @@ class _Compiler:
               "model_flops_per_step": steps.model_flops}
     report.update(_verdict(train, generation))
     if "flops_per_device" in train:
-      if not _scanned_layers(self.config):
+      if not self.scanned_layers:
         report.update(_roofline(train, devices, generation, steps.model_flops))
       elif scanned_cost:
         self.add_scanned_cost(report)
@@ -304,7 +306,7 @@ class _Compiler:
 
   def add_scanned_cost(self, report: Dict[str, Any]):
     """Adds the roofline of a scanned step to its report, from `_scanned_cost`."""
-    layers = _scanned_layers(self.config)
+    layers = self.scanned_layers
     cost = self._scanned_cost(report["global_batch_size"], layers)
     if cost:
       report["cost_analysis"] = (f"scan over {layers} layers: extrapolated from the step "
@@ -394,7 +396,7 @@ def find_max_batch(config, target: _Target) -> Dict[str, Any]:
     units = _next_guess(measured, low, high, capacity)
   if best is None:
     raise ValueError(f"Not even a global batch of {unit} fits on {target.accelerator_type}")
-  if _scanned_layers(config) and "memory_per_device" in best:
+  if compiler.scanned_layers and "memory_per_device" in best:
     compiler.add_scanned_cost(best)
   best["max_global_batch_size"] = low * unit
   return best
