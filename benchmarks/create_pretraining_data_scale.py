@@ -6,15 +6,23 @@ r"""Peak memory and throughput of `data_pipelines.create_pretraining_data` at gr
 
 Builds corpora of the requested sizes from the given text (documents of 40 consecutive lines,
 repeated in shuffled order until the size is reached), runs the real command line on each in a
-fresh process and reports its peak resident memory (ru_maxrss) and throughput. The claim under
-test: memory is bounded by one block of documents plus one shuffle bucket, so it does not grow
-with the input (target < 2 GB at 100 MB).
+fresh process and reports its peak resident memory and throughput. The claim under test: memory
+is bounded by one block of documents plus one shuffle bucket, so it does not grow with the input
+(target < 2 GB at 100 MB).
+
+`--beam` also runs the Beam pipeline (`--runner=DirectRunner`, `--beam_workers` processes in
+multi-processing mode) on each corpus, after the single-machine builder in the same run, and
+checks that both wrote the same files. Peak memory (sampled every 0.1 s) is given per process:
+the driver (the command's own process), the largest worker process (a builder worker, or a Beam
+SDK worker), and all of them at once. The DirectRunner's driver holds every PCollection in memory
+(it is a test runner), so its peak grows with the input; a distributed runner's workers hold one
+block or one bucket each.
 """
 import glob
+import hashlib
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -29,8 +37,11 @@ _VOCAB = flags.DEFINE_string("vocab_file", "../shared/data/bert/vocab_uncased_L-
                              "WordPiece vocabulary.")
 _DUPE = flags.DEFINE_integer("dupe_factor", 2, "Passes over the input.")
 _MASKING = flags.DEFINE_enum("masking", "static", ["static", "dynamic"], "Record kind.")
-_WORKERS = flags.DEFINE_integer("num_workers", 1, "Worker processes.")
-
+_WORKERS = flags.DEFINE_integer("num_workers", 1, "Worker processes of the single-machine run.")
+_BEAM = flags.DEFINE_bool("beam", False, "Also run the Beam pipeline on the DirectRunner "
+                          "(multi-processing) on each corpus, against the single-machine builder.")
+_BEAM_WORKERS = flags.DEFINE_integer("beam_workers", 2, "DirectRunner worker processes "
+                                     "(--direct_num_workers).")
 
 def _documents(pattern):
   docs = []
@@ -57,34 +68,82 @@ def _write_corpus(path, docs, size_bytes):
           break
 
 
+def _run(corpus, output, extra_args, tmp):
+  """One fresh run of the command line: (seconds, instances, peak RSS in MB of the driver, of
+  the largest worker process, of all its processes together)."""
+  import psutil
+  stats = os.path.join(tmp, "stats.json")
+  cmd = [sys.executable, "-m", "data_pipelines.create_pretraining_data",
+         f"--input_file={corpus}", f"--output_file={output}@4",
+         f"--vocab_file={os.path.abspath(_VOCAB.value)}", f"--dupe_factor={_DUPE.value}",
+         f"--masking={_MASKING.value}", "--noprogress", f"--stats_file={stats}", *extra_args]
+  start = time.time()
+  process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  # Sampled every 0.1 s over the process tree (ru_maxrss of children would count a forked
+  # helper as big as its parent, and not tell the driver from its workers).
+  driver, peaks, total_peak = psutil.Process(process.pid), {}, 0
+  while process.poll() is None:
+    total = 0
+    try:
+      tree = [driver] + driver.children(recursive=True)
+    except psutil.Error:
+      tree = []
+    for member in tree:
+      try:
+        rss = member.memory_info().rss
+      except psutil.Error:
+        continue
+      peaks[member.pid] = max(peaks.get(member.pid, 0), rss)
+      total += rss
+    total_peak = max(total_peak, total)
+    time.sleep(0.1)
+  elapsed = time.time() - start
+  if process.returncode:
+    raise subprocess.CalledProcessError(process.returncode, cmd)
+  with open(stats) as f:
+    instances = json.load(f)["instances"]
+  driver_peak = peaks.pop(process.pid, 0)
+  return elapsed, instances, driver_peak / 2**20, max(peaks.values(), default=0) / 2**20, \
+      total_peak / 2**20
+
+
+def _digest(pattern):
+  sha = hashlib.sha256()
+  for path in sorted(glob.glob(pattern)):
+    with open(path, "rb") as f:
+      sha.update(f.read())
+  return sha.hexdigest()
+
+
 def main(argv):
   del argv
   docs = _documents(_TEXT.value)
-  print("| input | dupe | masking | workers | instances/s | MB/s | peak RSS | time |")
-  print("|---|---|---|---|---|---|---|---|")
+  runs = [("single machine", f"{_WORKERS.value} process(es)", [f"--num_workers={_WORKERS.value}"])]
+  if _BEAM.value:
+    runs.append(("Beam DirectRunner", f"{_BEAM_WORKERS.value} SDK workers",
+                 ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                  f"--direct_num_workers={_BEAM_WORKERS.value}"]))
+  print("| input | dupe | masking | builder | workers | instances/s | MB/s | peak RSS: driver "
+        "| largest worker | all processes | time | same files |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as tmp:
     for size in _SIZES.value:
       corpus = os.path.join(tmp, f"corpus_{size}mb.txt")
       _write_corpus(corpus, docs, int(float(size) * 1e6))
-      stats = os.path.join(tmp, "stats.json")
-      cmd = [sys.executable, "-m", "data_pipelines.create_pretraining_data",
-             f"--input_file={corpus}", f"--output_file={tmp}/out.tfrecord@4",
-             f"--vocab_file={_VOCAB.value}", f"--dupe_factor={_DUPE.value}",
-             f"--masking={_MASKING.value}", f"--num_workers={_WORKERS.value}",
-             "--noprogress", f"--stats_file={stats}"]
-      # A fresh process per size: ru_maxrss of the children is the peak of this run alone
-      # because sizes grow (it is a maximum over all children so far).
-      start = time.time()
-      subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-      elapsed = time.time() - start
-      peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-      with open(stats) as f:
-        instances = json.load(f)["instances"]
-      for path in glob.glob(os.path.join(tmp, "out.tfrecord*")):
-        os.remove(path)
-      print(f"| {size} MB | {_DUPE.value} | {_MASKING.value} | {_WORKERS.value} | "
-            f"{instances / elapsed:,.0f} | {float(size) / elapsed:.2f} | {peak_mb:,.0f} MB | "
-            f"{elapsed:.0f} s |", flush=True)
+      reference = None
+      for index, (builder, workers, extra_args) in enumerate(runs):
+        output = os.path.join(tmp, f"out{index}.tfrecord")
+        elapsed, instances, driver_mb, worker_mb, total_mb = _run(corpus, output, extra_args,
+                                                                  tmp)
+        digest = _digest(output + "-*")
+        reference = reference or digest
+        for path in glob.glob(output + "-*"):
+          os.remove(path)
+        print(f"| {size} MB | {_DUPE.value} | {_MASKING.value} | {builder} | {workers} | "
+              f"{instances / elapsed:,.0f} | {float(size) / elapsed:.2f} | {driver_mb:,.0f} MB | "
+              f"{f'{worker_mb:,.0f} MB' if worker_mb > 1 else '-'} | {total_mb:,.0f} MB | "
+              f"{elapsed:.0f} s | "
+              f"{'yes' if digest == reference else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ Scale (what the original could not do: it held the whole corpus and every instan
      round-robin to the output files.
 So memory is bounded by one block per worker plus one bucket, whatever the corpus size, and the
 output depends only on the inputs, the flags and the seed: not on the number of workers.
+
+On a cluster, `--runner=DataflowRunner` (or FlinkRunner, SparkRunner, DirectRunner) runs the same
+two phases as an Apache Beam pipeline (`data_pipelines/beam_pipeline.py`, `pip install
+'bert_jax[beam]'`) and writes the same files; the flags not defined here are Beam's pipeline
+options (`--project`, `--region`, `--temp_location`, `--direct_num_workers`, ...).
 """
 import collections
 import dataclasses
@@ -252,14 +257,15 @@ class Stats:
     return "\n".join(lines)
 
 
-class _BlockWorker:
-  """Turns a block of raw documents into bucketed records. One per process."""
+class BlockBuilder:
+  """A block of raw documents -> its instances as (bucket, serialized tf.train.Example): the one
+  implementation of the algorithm per block, run by both builders (worker processes here, Beam
+  workers in `data_pipelines/beam_pipeline.py`)."""
 
-  def __init__(self, tokenizer, options: Options, bucket_dir: str, num_buckets: int):
+  def __init__(self, tokenizer, options: Options, num_buckets: int):
     from data_pipelines import masking
     self.tokenizer = tokenizer
     self.options = options
-    self.bucket_dir = bucket_dir
     self.num_buckets = num_buckets
     self.special = masking.SpecialTokens.from_tokenizer(tokenizer)
     self.masking_config = masking.MaskingConfig.from_mixture(
@@ -285,35 +291,33 @@ class _BlockWorker:
     stats.documents += len(out)
     return out
 
-  def __call__(self, block_index: int, documents: Sequence[List[str]]) -> Stats:
+  def records(self, block_index: int, documents: Sequence[List[str]],
+              stats: Stats) -> Iterator[Tuple[int, bytes]]:
+    """(bucket, record) for every instance of the block, in the order they are made.
+
+    One random generator, seeded by (seed, block index), draws everything: the document order,
+    the instances, the masks and the bucket of each record. So a block's records depend on its
+    documents alone, wherever and by whichever builder it runs. Consume the generator whole and
+    in order (it shares that generator between passes).
+    """
     opts = self.options
-    stats = Stats()
     rng = random.Random(f"{opts.random_seed}/{block_index}")
     docs = self.tokenize(documents, stats)
     if not docs:
-      return stats
+      return
     rng.shuffle(docs)
-    writers = {}
-    try:
-      for dupe in range(opts.dupe_factor):
-        instances = []
-        for document_index in range(len(docs)):
-          instances.extend(instances_from_document(docs, document_index, opts.max_seq_length,
-                                                   opts.short_seq_prob, rng))
-        rng.shuffle(instances)
-        arrays = instance_arrays(instances, opts.max_seq_length, self.special.cls_id,
-                                 self.special.sep_id)
-        arrays = self._mask(arrays, rng)
-        self._count(instances, arrays, stats)
-        for record in serialize(arrays):
-          bucket = rng.randrange(self.num_buckets)
-          if bucket not in writers:
-            writers[bucket] = _record_writer(bucket_path(self.bucket_dir, bucket, block_index))
-          writers[bucket].write(record)
-    finally:
-      for writer in writers.values():
-        writer.close()
-    return stats
+    for _ in range(opts.dupe_factor):
+      instances = []
+      for document_index in range(len(docs)):
+        instances.extend(instances_from_document(docs, document_index, opts.max_seq_length,
+                                                 opts.short_seq_prob, rng))
+      rng.shuffle(instances)
+      arrays = instance_arrays(instances, opts.max_seq_length, self.special.cls_id,
+                               self.special.sep_id)
+      arrays = self._mask(arrays, rng)
+      self._count(instances, arrays, stats)
+      for record in serialize(arrays):
+        yield rng.randrange(self.num_buckets), record
 
   def _mask(self, arrays: Dict[str, np.ndarray], rng: random.Random) -> Dict[str, np.ndarray]:
     continuation = self.continuation[arrays[F.INPUT_IDS]] * arrays[F.INPUT_MASK]
@@ -359,14 +363,39 @@ class _BlockWorker:
       stats.masked_tokens += int(arrays[F.MASKED_LM_WEIGHTS].sum())
 
 
-def _record_writer(path: str):
-  import tensorflow as tf
-  return tf.io.TFRecordWriter(path)
+class _BucketFileWriter:
+  """Phase 1 of the single-machine builder: a block's records appended to local bucket files."""
+
+  def __init__(self, builder: BlockBuilder, bucket_dir: str):
+    self.builder = builder
+    self.bucket_dir = bucket_dir
+
+  def __call__(self, block_index: int, documents: Sequence[List[str]]) -> Stats:
+    import tensorflow as tf
+    stats = Stats()
+    writers = {}
+    try:
+      for bucket, record in self.builder.records(block_index, documents, stats):
+        if bucket not in writers:
+          writers[bucket] = tf.io.TFRecordWriter(bucket_path(self.bucket_dir, bucket,
+                                                             block_index))
+        writers[bucket].write(record)
+    finally:
+      for writer in writers.values():
+        writer.close()
+    return stats
 
 
 def bucket_path(bucket_dir: str, bucket: int, block_index: int) -> str:
-  # Bucket files live in a local temporary directory (see create_pretraining_data).
+  # Bucket files live in a local temporary directory (see create_pretraining_data). Sorted by
+  # name, a bucket's files come in block order; the Beam builder sorts by (block, position).
   return os.path.join(bucket_dir, f"bucket-{bucket:05d}-block-{block_index:08d}.tfrecord")
+
+
+def shuffle_bucket(records: List[bytes], seed: int, bucket: int) -> None:
+  """Shuffles one bucket's records (given in block order, each block's in the order made) in
+  place: phase 2 of both builders."""
+  random.Random(f"{seed}/bucket/{bucket}").shuffle(records)
 
 
 # ------------------------------------------------------------------------------ reading
@@ -519,7 +548,9 @@ def _write_shuffled_buckets(bucket_dir: str, num_buckets: int, output_files: Seq
       if not paths:
         continue
       records = list(tf.data.TFRecordDataset(paths).as_numpy_iterator())
-      random.Random(f"{seed}/bucket/{bucket}").shuffle(records)
+      shuffle_bucket(records, seed, bucket)
+      # Round-robin over the outputs across buckets: record k of the run goes to output
+      # k % len(outputs) (the Beam builder computes k from the sizes of the buckets before).
       for record in records:
         writers[written % len(writers)].write(record)
         written += 1
@@ -542,23 +573,61 @@ def _progress(iterable, enabled: bool, description: str, unit: str, total=None):
 # ------------------------------------------------------------------------------ the driver
 
 
-def _tokenizer_kwargs(tokenizer) -> dict:
-  """What a worker process needs to rebuild the same tokenizer."""
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+  """What a run reads and writes, checked before any work starts (both builders use it)."""
+  options: Options
+  input_files: List[str]     # empty when reading tensorflow-datasets
+  output_files: List[str]
+  num_buckets: int
+
+
+def plan_run(input_files: Sequence[str], output_files: Sequence[str], tokenizer,
+             tfds_name: str = "", **options) -> RunPlan:
+  """Validates the options, expands the inputs, checks the special tokens, creates the (empty)
+  outputs and sizes the shuffle buckets. Fails naming the option, file or token at fault."""
+  opts = Options(**options)
+  opts.validate()
+  if not tfds_name:
+    from data_pipelines.build_vocab import expand_input_files
+    input_files = expand_input_files(",".join(input_files))
+  else:
+    input_files = []
+  if not output_files:
+    raise ValueError("No output file given")
+  from data_pipelines import masking
+  masking.SpecialTokens.from_tokenizer(tokenizer)  # fails now, naming a missing special token
+  _check_writable(output_files)
+  input_bytes = None if tfds_name else sum(filesystem.getsize(p) for p in input_files)
+  return RunPlan(opts, list(input_files), list(output_files), _num_buckets(input_bytes, opts))
+
+
+def tokenizer_kwargs(tokenizer) -> dict:
+  """What a worker process needs to rebuild the same tokenizer (`worker_block_builder`)."""
   if getattr(tokenizer, "spm_model_file", None):
-    return dict(spm_model_file=tokenizer.spm_model_file, do_lower_case=tokenizer.do_lower_case)
-  return dict(vocab_file=tokenizer.vocab_file, do_lower_case=tokenizer.do_lower_case)
+    return dict(spm_model_file=filesystem.absolute(tokenizer.spm_model_file),
+                do_lower_case=tokenizer.do_lower_case)
+  return dict(vocab_file=filesystem.absolute(tokenizer.vocab_file),
+              do_lower_case=tokenizer.do_lower_case)
 
 
-_WORKER: Optional[_BlockWorker] = None
-
-
-def _init_worker(tokenizer_kwargs, options, bucket_dir, num_buckets):
-  global _WORKER
+def worker_block_builder(tokenizer_kwargs: dict, options: Options,
+                         num_buckets: int) -> BlockBuilder:
+  """A `BlockBuilder` in a fresh worker process (a pool process here, a Beam worker there)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ["CUDA_VISIBLE_DEVICES"] = ""  # TensorFlow must not take an accelerator
   from bert_jax.text import tokenization
   tokenizer = tokenization.create_tokenizer(**tokenizer_kwargs)
-  _WORKER = _BlockWorker(tokenizer, options, bucket_dir, num_buckets)
+  return BlockBuilder(tokenizer, options, num_buckets)
+
+
+_WORKER: Optional[_BucketFileWriter] = None
+
+
+def _init_worker(tokenizer_kwargs, options, bucket_dir, num_buckets):
+  global _WORKER
+  _WORKER = _BucketFileWriter(worker_block_builder(tokenizer_kwargs, options, num_buckets),
+                              bucket_dir)
 
 
 def _run_block(args) -> Stats:
@@ -572,14 +641,15 @@ def _run_blocks(blocks: Iterable, worker_args: tuple, tokenizer, num_workers: in
   At most two blocks per worker are in flight, so the reader never runs ahead of the workers
   (Pool.imap would read the whole corpus into its task queue).
   """
+  options, bucket_dir, num_buckets = worker_args
   if num_workers <= 1:
-    worker = _BlockWorker(tokenizer, *worker_args)
+    worker = _BucketFileWriter(BlockBuilder(tokenizer, options, num_buckets), bucket_dir)
     for block_index, documents in blocks:
       stats.add(worker(block_index, documents))
     return
   context = multiprocessing.get_context("spawn")  # TensorFlow is not fork-safe
   with context.Pool(num_workers, initializer=_init_worker,
-                    initargs=(_tokenizer_kwargs(tokenizer),) + worker_args) as pool:
+                    initargs=(tokenizer_kwargs(tokenizer),) + worker_args) as pool:
     pending = collections.deque()
     for args in blocks:
       pending.append(pool.apply_async(_run_block, (args,)))
@@ -587,6 +657,20 @@ def _run_blocks(blocks: Iterable, worker_args: tuple, tokenizer, num_workers: in
         stats.add(pending.popleft().get())
     while pending:
       stats.add(pending.popleft().get())
+
+
+def finish(stats: Stats, written: int, num_outputs: int, seconds: float, progress: bool) -> None:
+  """The end of a run, for both builders: the record count checked, bad lines named on stderr,
+  the statistics printed."""
+  if written != stats.instances:
+    raise RuntimeError(f"Wrote {written} records but created {stats.instances} instances")
+  if stats.bad_utf8_lines or stats.overlong_lines:
+    print(f"WARNING: {stats.bad_utf8_lines} line(s) with invalid UTF-8 and "
+          f"{stats.overlong_lines} over-long line(s); first ones:\n  " +
+          "\n  ".join(stats.bad_line_locations), file=sys.stderr)
+  if progress:
+    print(f"Wrote {written:,} instances to {num_outputs} file(s) in {seconds:.1f} s\n"
+          f"{stats.summary()}", flush=True)
 
 
 def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[str], tokenizer,
@@ -599,18 +683,8 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
   `options` are the fields of `Options` (max_seq_length, dupe_factor, masking, ...).
   Returns the run's statistics (also printed when `progress`).
   """
-  opts = Options(**options)
-  opts.validate()
-  if not tfds_name:
-    from data_pipelines.build_vocab import expand_input_files
-    input_files = expand_input_files(",".join(input_files))
-  if not output_files:
-    raise ValueError("No output file given")
-  from data_pipelines import masking
-  masking.SpecialTokens.from_tokenizer(tokenizer)  # fails now, naming a missing special token
-  _check_writable(output_files)
-  input_bytes = None if tfds_name else sum(filesystem.getsize(p) for p in input_files)
-  num_buckets = _num_buckets(input_bytes, opts)
+  plan = plan_run(input_files, output_files, tokenizer, tfds_name, **options)
+  opts, output_files = plan.options, plan.output_files
   stats = Stats()
   started = time.time()
   # Temporary bucket files: always local (beside a local output, else in the system's temp dir).
@@ -622,23 +696,15 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
       documents = documents_from_tfds(tfds_name, tfds_split, tfds_text_field, tfds_data_dir,
                                       stats)
     else:
-      documents = documents_from_files(input_files, opts, stats)
+      documents = documents_from_files(plan.input_files, opts, stats)
     blocks = _progress(_blocks(documents, opts.documents_per_block), progress,
                        "instances", "block")
-    _run_blocks(blocks, (opts, bucket_dir, num_buckets), tokenizer, num_workers, stats)
-    written = _write_shuffled_buckets(bucket_dir, num_buckets, output_files, opts.random_seed,
-                                      progress)
+    _run_blocks(blocks, (opts, bucket_dir, plan.num_buckets), tokenizer, num_workers, stats)
+    written = _write_shuffled_buckets(bucket_dir, plan.num_buckets, output_files,
+                                      opts.random_seed, progress)
   finally:
     shutil.rmtree(bucket_dir, ignore_errors=True)
-  if written != stats.instances:
-    raise RuntimeError(f"Wrote {written} records but created {stats.instances} instances")
-  if stats.bad_utf8_lines or stats.overlong_lines:
-    print(f"WARNING: {stats.bad_utf8_lines} line(s) with invalid UTF-8 and "
-          f"{stats.overlong_lines} over-long line(s); first ones:\n  " +
-          "\n  ".join(stats.bad_line_locations), file=sys.stderr)
-  if progress:
-    print(f"Wrote {written:,} instances to {len(output_files)} file(s) in "
-          f"{time.time() - started:.1f} s\n{stats.summary()}", flush=True)
+  finish(stats, written, len(output_files), time.time() - started, progress)
   return stats
 
 
@@ -676,13 +742,32 @@ def define_flags():
   flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory.")
   flags.DEFINE_bool("progress", True, "Show progress bars and the final statistics.")
   flags.DEFINE_string("stats_file", "", "Also write the statistics as JSON here.")
+  flags.DEFINE_string("runner", "", "Run as an Apache Beam pipeline on this runner "
+                      "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner, ...; needs "
+                      "`pip install bert_jax[beam]`). Flags not defined here are then Beam "
+                      "pipeline options (--project, --temp_location, --direct_num_workers, ...) "
+                      "and --num_workers is Beam's. Empty: the single-machine builder.")
+
+
+def parse_flags(argv: List[str]) -> List[str]:
+  """absl's flags, with room for Beam's: with --runner, the flags this tool does not define
+  are returned for Beam; without it, an unknown flag fails as it always has."""
+  from absl import app, flags
+  try:
+    rest = flags.FLAGS(argv, known_only=True)
+  except flags.Error:
+    rest = None
+  if rest is None or not flags.FLAGS.runner:
+    # Parsed (again) as absl always does: an unknown flag or a bad value is the usual message.
+    return app.parse_flags_with_usage(argv)
+  return rest
 
 
 def main(argv):
   from absl import app, flags
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   FLAGS = flags.FLAGS
+  if len(argv) > 1 and not FLAGS.runner:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS.input_file and not FLAGS.tfds_name:
     raise app.UsageError("Give --input_file or --tfds_name")
   import tensorflow as tf
@@ -691,9 +776,27 @@ def main(argv):
   tokenizer = tokenization.create_tokenizer(vocab_file=FLAGS.vocab_file,
                                             spm_model_file=FLAGS.spm_model_file,
                                             do_lower_case=FLAGS.do_lower_case)
-  stats = create_pretraining_data(
+  build = create_pretraining_data
+  builder_args = dict(num_workers=FLAGS.num_workers)
+  if FLAGS.runner:
+    # Imported only here: apache-beam is an optional dependency (the `beam` extra).
+    try:
+      from data_pipelines import beam_pipeline
+    except ImportError as e:
+      raise app.UsageError(f"--runner={FLAGS.runner} needs Apache Beam ({e}); install it with "
+                           "`pip install 'bert_jax[beam]'`") from None
+    build = beam_pipeline.create_pretraining_data
+    # On Beam, --num_workers means Beam's own option (Dataflow: the initial worker count).
+    beam_args = [f"--runner={FLAGS.runner}"] + argv[1:] + (
+        [f"--num_workers={FLAGS.num_workers}"] if FLAGS["num_workers"].present else [])
+    try:
+      beam_pipeline.pipeline_options(beam_args)  # a misspelt option fails before any work
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+    builder_args = dict(pipeline_args=beam_args)
+  stats = build(
       (FLAGS.input_file or "").split(","), expand_output_files(FLAGS.output_file), tokenizer,
-      num_workers=FLAGS.num_workers, progress=FLAGS.progress, tfds_name=FLAGS.tfds_name,
+      progress=FLAGS.progress, tfds_name=FLAGS.tfds_name,
       tfds_split=FLAGS.tfds_split, tfds_text_field=FLAGS.tfds_text_field,
       tfds_data_dir=FLAGS.tfds_data_dir, max_seq_length=FLAGS.max_seq_length,
       max_predictions_per_seq=FLAGS.max_predictions_per_seq, random_seed=FLAGS.random_seed,
@@ -701,7 +804,7 @@ def main(argv):
       short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking,
       mask_mixture=FLAGS.mask_mixture, do_whole_word_mask=FLAGS.do_whole_word_mask,
       documents_per_block=FLAGS.documents_per_block, shuffle_bucket_mb=FLAGS.shuffle_bucket_mb,
-      max_line_bytes=FLAGS.max_line_bytes)
+      max_line_bytes=FLAGS.max_line_bytes, **builder_args)
   if FLAGS.stats_file:
     filesystem.write_text(FLAGS.stats_file, json.dumps(dataclasses.asdict(stats), indent=1))
 
@@ -709,4 +812,4 @@ def main(argv):
 if __name__ == "__main__":
   from absl import app
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

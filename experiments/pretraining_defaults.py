@@ -34,6 +34,10 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.model = BertConfig.named(size).to_dict()
   c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
+  # Continued pre-training: config.model's architecture, the vocabulary and casing come from
+  # init_checkpoint (experiments/continue_pretraining.py).
+  c.model_from_checkpoint = False
+  c.eval_before_training = False     # log held-out metrics at step 0 (where training starts)
   c.seed = 0
   # jax_default_prng_impl for initialisation and dropout: "" keeps JAX's default (threefry2x32,
   # the same bits under any sharding). "rbg" compiles BERT-base initialisation in 15 s instead of
@@ -90,4 +94,9 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # but costs more host CPU per window; keep it several times the per-host rows per batch.
   c.data.packing_window = 256
   c.data.prepare_demo_corpus = False
+  # Raw text in BERT's input format (a sentence per line, blank lines between documents; comma
+  # list or globs): records are built into WORKDIR/data with the run's vocabulary, once, every
+  # holdout_every-th document held out for evaluation (data_pipelines/workdir_data.py).
+  c.data.text_files = ""
+  c.data.holdout_every = 20
   return c

@@ -138,3 +138,31 @@ def write_checkpoint(directory: str, seed: int = 0, vocab: List[str] = None, **o
   with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
     f.write("\n".join(vocab or VOCAB) + "\n")
   return directory
+
+
+def fine_tune(root: str, kind: str, checkpoint: str) -> str:
+  """A quick fine-tuning run from `checkpoint` into ROOT/<kind>; returns its workdir (with best/).
+
+  kind: mrpc (pair classification), sst2 (one sentence), stsb (regression), ner (tagging),
+  squad / squad2 (spans, SQuAD v1.1 / v2.0), swag (multiple choice)."""
+  from bert_jax import tasks
+  from experiments import glue, ner, squad, swag
+  workdir = os.path.join(root, kind)
+  if kind in ("mrpc", "sst2", "stsb"):
+    config = glue.get_config(f"task={kind},quick")
+    config.data.glue_dir = write_glue_dir(os.path.join(root, "glue_data"))
+    config.max_seq_length = 16
+  elif kind == "ner":
+    config = ner.get_config("quick")
+  elif kind in ("squad", "squad2"):
+    config = squad.get_config("version=2.0,quick" if kind == "squad2" else "quick")
+  elif kind == "swag":
+    config = swag.get_config("quick")
+    config.data.swag_dir = write_swag_dir(os.path.join(root, "swag_data"))
+  else:
+    raise ValueError(kind)
+  config.init_checkpoint = checkpoint
+  config.num_train_epochs = 1.0
+  config.do_predict = False
+  tasks.run(config, workdir)
+  return workdir

@@ -21,8 +21,11 @@ SEQ, PREDS = 64, 10
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+  return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def write_corpus(root):
   """A vocabulary and a generated corpus: documents of varied length, incl. one-sentence ones."""
-  root = tmp_path_factory.mktemp("corpus")
   vocab = root / "vocab.txt"
   vocab.write_text("\n".join(VOCAB) + "\n")
   rng = random.Random(0)

@@ -232,12 +232,12 @@ def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, D
   return config, params
 
 
-def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None:
-  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads.
+def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]:
+  """transformers' state dict of `params` (torch Linear weights [out, in], float32 numpy).
 
-  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's.
-  """
-  filesystem.makedirs(directory)
+  With the pre-training heads the key layout is BertForPreTraining's (`bert.`, `cls.`); without
+  them, BertModel's (no prefix: a task model such as BertForSequenceClassification takes these
+  under `bert.`, see `bert_jax.tasks.serving`)."""
   flat = flatten(_per_layer(params, config))
   has_heads = any(k.startswith("cls/") for k in flat)
   state = {}
@@ -260,13 +260,29 @@ def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None
     # transformers ties these to the embeddings and bias; written so no key is reported missing.
     state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].copy()
-  save_safetensors(state, filesystem.join(directory, "model.safetensors"),
-                   metadata={"format": "pt"})
+  return state
+
+
+def huggingface_config(config: BertConfig, architecture: str) -> Dict:
+  """transformers' `config.json` fields of `config` for the model class `architecture`."""
   hf_config = config.to_dict(include_runtime=False)
   if hf_config["hidden_act"] == "gelu_tanh":
     hf_config["hidden_act"] = "gelu_pytorch_tanh"  # transformers' name for the tanh form
-  hf_config.update(model_type="bert", architectures=[
-      "BertForPreTraining" if has_heads else "BertModel"], pad_token_id=0)
+  hf_config.update(model_type="bert", architectures=[architecture], pad_token_id=0)
+  return hf_config
+
+
+def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None:
+  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads.
+
+  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's.
+  """
+  filesystem.makedirs(directory)
+  state = huggingface_state(config, params)
+  has_heads = any(k.startswith("cls.") for k in state)
+  save_safetensors(state, filesystem.join(directory, "model.safetensors"),
+                   metadata={"format": "pt"})
+  hf_config = huggingface_config(config, "BertForPreTraining" if has_heads else "BertModel")
   filesystem.write_text(filesystem.join(directory, "config.json"),
                         json.dumps(hf_config, indent=2, sort_keys=True))
 
@@ -423,6 +439,55 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
   if fmt == "own":
     return _load_own(path)
   return load_params_from_workdir(path)
+
+
+def load_pretrained_config(path: str, *, tf_gelu_approximate: bool = True) -> BertConfig:
+  """The `BertConfig` of any checkpoint `load_pretrained` reads, without reading its weights."""
+  fmt = detect_format(path)
+  if fmt == "own":
+    return read_config(filesystem.join(path, OWN_CONFIG))
+  if fmt == "huggingface":
+    return read_config(filesystem.join(path, "config.json"))
+  if fmt == "workdir":
+    from bert_jax.io import training_checkpoints
+    return read_config(filesystem.join(path, training_checkpoints.BERT_CONFIG))
+  directory = path if filesystem.isdir(path) else filesystem.dirname(path)
+  config = read_config(filesystem.join(directory, "bert_config.json"))
+  if tf_gelu_approximate and config.hidden_act == "gelu":
+    config = config.replace(hidden_act="gelu_tanh")   # as _load_tf_checkpoint
+  return config
+
+
+# The vocabulary beside a checkpoint: WordPiece (released checkpoints, HF dirs, a pre-training
+# workdir's data/) or a SentencePiece model copied into a fine-tuned best/ directory.
+VOCAB_CANDIDATES = ("vocab.txt", "data/vocab.txt")
+SPM_CANDIDATES = ("spm.model", "data/spm.model")
+
+
+def find_vocab(path: str) -> Tuple[Optional[str], Optional[str]]:
+  """(vocab_file, spm_model_file) found beside the checkpoint at `path`, or a clear error."""
+  directory = path if filesystem.isdir(path) else filesystem.dirname(path)
+  for name in VOCAB_CANDIDATES:
+    candidate = filesystem.join(directory, *name.split("/"))
+    if filesystem.exists(candidate):
+      return candidate, None
+  for name in SPM_CANDIDATES:
+    candidate = filesystem.join(directory, *name.split("/"))
+    if filesystem.exists(candidate):
+      return None, candidate
+  raise FileNotFoundError(
+      f"No vocabulary: {directory} has no {' or '.join(VOCAB_CANDIDATES + SPM_CANDIDATES)}; "
+      "pass the vocabulary the checkpoint was trained with (vocab_file / spm_model_file).")
+
+
+def recorded_lower_case(path: str) -> Optional[bool]:
+  """The casing a checkpoint directory records (Hugging Face `tokenizer_config.json`), if any."""
+  directory = path if filesystem.isdir(path) else filesystem.dirname(path)
+  config_path = filesystem.join(directory, "tokenizer_config.json")
+  if not filesystem.exists(config_path):
+    return None
+  value = json.loads(filesystem.read_text(config_path)).get("do_lower_case")
+  return value if isinstance(value, bool) else None
 
 
 def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:

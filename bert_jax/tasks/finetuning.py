@@ -93,7 +93,11 @@ RESULTS_FILE = "results.json"
 BEST_DIR = "best"
 HEAD_FILE = "head.safetensors"
 BEST_INFO = "best.json"
-SPM_COPY = "spm.model"  # the SentencePiece model saved beside a best/ checkpoint
+# The experiment config a best/ model was fine-tuned with: what predict and export rebuild the
+# task from (its head, labels, max_seq_length, casing).
+TASK_CONFIG = "task_config.json"
+OUTPUT_KINDS = ("classification", "regression", "multiple_choice", "tagging", "span")
+SPM_COPY = checkpoints.SPM_CANDIDATES[0]  # the SentencePiece model saved beside best/
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 # Row mask the loop adds to every batch: 1 for real rows, 0 for the padding of a last eval batch.
 EXAMPLE_MASK = "example_mask"
@@ -152,6 +156,10 @@ class Task:
   # last axis is the token axis, and head outputs [rows, S, ...] with the token axis second.
   token_features: Tuple[str, ...] = ()
   token_outputs: Tuple[str, ...] = ()
+  # What the head's outputs mean to a user (`python -m bert_jax.predict`, `bert_jax.export`):
+  # one of OUTPUT_KINDS, and the label names that index the logits ("" / (): not declared).
+  output_kind: str = ""
+  labels: Tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------- model
@@ -240,16 +248,7 @@ def find_vocab(config: ml_collections.ConfigDict) -> Tuple[Optional[str], Option
   """(vocab_file, spm_model_file): the config's if given, else the checkpoint directory's."""
   if config.get("vocab_file") or config.get("spm_model_file"):
     return config.get("vocab_file") or None, config.get("spm_model_file") or None
-  path = config.init_checkpoint
-  directory = path if filesystem.isdir(path) else filesystem.dirname(path)
-  for candidate in ("vocab.txt", filesystem.join("data", "vocab.txt")):
-    if filesystem.exists(filesystem.join(directory, candidate)):
-      return filesystem.join(directory, candidate), None
-  if filesystem.exists(filesystem.join(directory, SPM_COPY)):  # a best/ dir of a SentencePiece run
-    return None, filesystem.join(directory, SPM_COPY)
-  raise FileNotFoundError(
-      f"No vocabulary: {directory} has no vocab.txt; pass --config.vocab_file=PATH "
-      "(WordPiece) or --config.spm_model_file=PATH (SentencePiece).")
+  return checkpoints.find_vocab(config.init_checkpoint)
 
 
 def create_tokenizer(config, bert_config: BertConfig):
@@ -358,9 +357,10 @@ def _flat(tree) -> Dict[str, np.ndarray]:
 
 
 def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
-              tokenizer=None) -> None:
-  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json` and the
-  vocabulary (`vocab.txt` or `spm.model`): everything a later predict-only run needs."""
+              tokenizer=None, task_config: Optional[ml_collections.ConfigDict] = None) -> None:
+  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json`, the
+  vocabulary (`vocab.txt` or `spm.model`) and the run's config (`task_config.json`): everything
+  a later predict-only run, `bert_jax.predict` or `bert_jax.export` needs."""
   from safetensors.numpy import save
   params = sharding.to_host(params)  # every process: gathers parameters split across hosts
   if not outputs.is_writer():
@@ -372,6 +372,9 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
     filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
   with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:
     f.write(save(_flat(params["head"])))
+  if task_config is not None:
+    filesystem.write_text(filesystem.join(directory, TASK_CONFIG),
+                          task_config.to_json_best_effort(indent=2, sort_keys=True))
   # Written last: a best/ directory with best.json is complete.
   filesystem.write_text(filesystem.join(directory, BEST_INFO),
                         json.dumps(info, indent=2, sort_keys=True))
@@ -597,9 +600,10 @@ def _initial_state(task: Task, config, inputs: _Inputs, model, tx, par, init_rng
 class _BestKeeper:
   """Evaluates every eval split, logs the metrics, and keeps the best parameters in best/."""
 
-  def __init__(self, task: Task, inputs: _Inputs, predictor: "Predictor", par, workdir: str,
-               resumed: bool):
-    self.task, self.inputs, self.predictor, self.par = task, inputs, predictor, par
+  def __init__(self, task: Task, config, inputs: _Inputs, predictor: "Predictor", par,
+               workdir: str, resumed: bool):
+    self.task, self.config, self.inputs = task, config, inputs
+    self.predictor, self.par = predictor, par
     self.directory = filesystem.join(workdir, BEST_DIR)
     best = read_best_info(workdir) if resumed else None
     self.value = best["value"] if best else None
@@ -617,7 +621,7 @@ class _BestKeeper:
       self.value = value
       save_best(self.directory, self.inputs.bert_config, params,
                 {"step": step, "metric": self.task.best_metric, "value": value,
-                 "metrics": record}, self.inputs.tokenizer)
+                 "metrics": record}, self.inputs.tokenizer, self.config)
     return record
 
 
@@ -648,7 +652,7 @@ def _final_results(task: Task, config, inputs: _Inputs, predictor: "Predictor", 
   if best is None:  # every evaluation was NaN: fall back to the last parameters
     save_best(best_dir, inputs.bert_config, par.checkpointable(state).params,
               {"step": step, "metric": task.best_metric, "value": float("nan"), "metrics": {}},
-              inputs.tokenizer)
+              inputs.tokenizer, config)
     best = read_best_info(workdir)
   params = load_best(best_dir, inputs.bert_config)
   results: Dict[str, Any] = {
@@ -723,7 +727,7 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
                                              checkpoint_at_evaluations=True),
                     console_keys=("loss", "learning_rate"))
   state = trainer.restore(state)
-  keep_best = _BestKeeper(task, inputs, predictor, par, workdir, trainer.resumed)
+  keep_best = _BestKeeper(task, config, inputs, predictor, par, workdir, trainer.resumed)
   if num_train_steps == 0 and keep_best.value is None:
     trainer.log_eval(0, keep_best(state, 0))
   next_batch, order = _train_batches(task, config, inputs.train)

@@ -346,7 +346,9 @@ def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
           spec, workdir, split, ex, preds),
       best_metric=spec.metrics[0],
       eval_splits=spec.eval_splits,
-      test_splits=spec.test_splits)
+      test_splits=spec.test_splits,
+      output_kind="regression" if spec.is_regression else "classification",
+      labels=tuple(spec.labels))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:

@@ -367,7 +367,9 @@ def get_task(config):
       eval_splits=("dev",),
       test_splits=("test",) if config.data.get("test_file") or config.data.data_dir else (),
       token_features=("label_ids",),
-      token_outputs=("logits",))
+      token_outputs=("logits",),
+      output_kind="tagging",
+      labels=tuple(labels))
 
 
 def run(config, workdir: str) -> Dict:

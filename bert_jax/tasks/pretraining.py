@@ -185,7 +185,10 @@ def create_train_state(config, model, tx, rng) -> TrainState:
 
 
 def load_init_checkpoint(config, params):
-  """Starts from a released (HF/TF) checkpoint or a phase-1 workdir; heads kept if present."""
+  """Starts from a released (HF/TF) checkpoint or a phase-1 workdir; heads kept if present.
+
+  Each pre-training head the checkpoint has (MLM `cls/predictions`, NSP `cls/seq_relationship`)
+  is loaded; one it lacks keeps its fresh initialisation, and the run says which."""
   loaded_config, loaded = checkpoints.load_pretrained(config.init_checkpoint)
   ours = bert_config_from(config)
   for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -193,20 +196,69 @@ def load_init_checkpoint(config, params):
     if getattr(loaded_config, field) != getattr(ours, field):
       raise ValueError(f"init_checkpoint {config.init_checkpoint}: {field}="
                        f"{getattr(loaded_config, field)} but config.model.{field}="
-                       f"{getattr(ours, field)}")
+                       f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
+                       "checkpoint's architecture)")
   if loaded_config.max_position_embeddings != ours.max_position_embeddings:
     raise ValueError(f"init_checkpoint {config.init_checkpoint}: max_position_embeddings differs")
+  missing = checkpoints.missing_heads(loaded)
   loaded = checkpoints.to_model_layout(loaded, ours)
   merged = flax.core.unfreeze(jax.tree_util.tree_map(np.asarray, params))
   merged["bert"] = loaded["bert"]
-  if "cls" in loaded:
-    if "seq_relationship" not in merged["cls"]:
-      loaded["cls"].pop("seq_relationship", None)
-    merged["cls"].update(loaded["cls"])
-  else:
-    logging.warning("init_checkpoint %s has no pre-training heads; they start from random "
-                    "initialisation.", config.init_checkpoint)
+  wanted = set(merged.get("cls", {}))              # the heads this objective trains
+  for name, value in loaded.get("cls", {}).items():
+    if name in wanted:
+      merged["cls"][name] = value
+  fresh = [h for h in missing if h.split("/")[1] in wanted]
+  if fresh:
+    message = (f"init_checkpoint {config.init_checkpoint} has no {', '.join(fresh)}: "
+               "initialised from scratch")
+    logging.warning(message)
+    print(message, flush=True)
   return jax.tree_util.tree_map(jnp.asarray, merged)
+
+
+def adopt_checkpoint(config: ml_collections.ConfigDict) -> None:
+  """`config.model_from_checkpoint`: the init checkpoint's architecture, vocabulary and casing.
+
+  Continued pre-training of a released model: the architecture fields of `config.model` (not
+  the runtime ones: dtype, scan, remat, kernels) become the checkpoint's; the vocabulary beside
+  it (`vocab.txt`, or `spm.model`) and its recorded casing are used unless `config.data` names
+  a vocabulary. A `max_seq_length` beyond the checkpoint's position table is an error.
+  """
+  if not config.get("model_from_checkpoint"):
+    return
+  if not config.init_checkpoint:
+    raise ValueError("config.model_from_checkpoint=True needs config.init_checkpoint (a Hugging "
+                     "Face directory, a Google TF checkpoint, a save_pretrained directory or a "
+                     "pre-training workdir)")
+  source = config.init_checkpoint
+  loaded = checkpoints.load_pretrained_config(source)
+  if config.max_seq_length > loaded.max_position_embeddings:
+    raise ValueError(f"config.max_seq_length={config.max_seq_length} is longer than the position "
+                     f"table of {source} (max_position_embeddings="
+                     f"{loaded.max_position_embeddings}): continued pre-training cannot add "
+                     f"positions; use --config.max_seq_length<={loaded.max_position_embeddings}")
+  config.model.update(loaded.to_dict(include_runtime=False))
+  if not (config.data.get("vocab_file") or config.data.get("spm_model_file")):
+    config.data.vocab_file, config.data.spm_model_file = (
+        p or "" for p in checkpoints.find_vocab(source))
+    recorded = checkpoints.recorded_lower_case(source)
+    if recorded is not None:
+      config.data.do_lower_case = recorded
+  from bert_jax.text import tokenization
+  tokenization.validate_case_matches_checkpoint(config.data.do_lower_case, source)
+  vocab = config.data.vocab_file or config.data.spm_model_file
+  size = tokenization.create_tokenizer(
+      vocab_file=config.data.vocab_file or None,
+      spm_model_file=config.data.get("spm_model_file") or None,
+      do_lower_case=config.data.do_lower_case).vocab_size
+  if size != loaded.vocab_size:
+    raise ValueError(f"Vocabulary {vocab} has {size} entries but {source} has vocab_size="
+                     f"{loaded.vocab_size}: pass the vocabulary the checkpoint was trained with")
+  print(f"Continuing {source}: L={loaded.num_hidden_layers}, H={loaded.hidden_size}, "
+        f"A={loaded.num_attention_heads}, max positions {loaded.max_position_embeddings}; "
+        f"vocabulary {vocab} ({size} entries, "
+        f"{'uncased' if config.data.do_lower_case else 'cased'})", flush=True)
 
 
 # ----------------------------------------------------------------------------------- loop
@@ -310,7 +362,9 @@ def _prepare_workdir(config, workdir: str) -> str:
   """The workdir (made if needed, any filesystem), the demo corpus built into it if asked."""
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
-  if config.data.get("prepare_demo_corpus"):
+  if config.data.get("text_files"):
+    _prepare_text_files(config, workdir)
+  elif config.data.get("prepare_demo_corpus"):
     from data_pipelines import demo_corpus
     demo_corpus.prepare(config, workdir)
   if not config.data.input_files:
@@ -320,6 +374,26 @@ def _prepare_workdir(config, workdir: str) -> str:
     checkpoints.write_config(bert_config_from(config), filesystem.join(workdir, tc.BERT_CONFIG),
                              include_runtime=True)
   return workdir
+
+
+def _prepare_text_files(config, workdir: str) -> None:
+  """`config.data.text_files` (raw text in BERT's input format, a comma list or globs) ->
+  WORKDIR/data records with the run's vocabulary, once."""
+  from data_pipelines import create_pretraining_data, workdir_data
+  files = []
+  for pattern in (p.strip() for p in config.data.text_files.split(",") if p.strip()):
+    matched = filesystem.glob(pattern) if filesystem.has_magic(pattern) else [pattern]
+    missing = [p for p in matched if not filesystem.exists(p)]
+    if not matched or missing:
+      raise FileNotFoundError(f"config.data.text_files: {pattern!r} matches no file")
+    files += sorted(matched)
+
+  def documents():
+    stats = create_pretraining_data.Stats()
+    yield from create_pretraining_data.documents_from_files(
+        files, create_pretraining_data.Options(), stats)
+    print(stats.summary(), flush=True)
+  workdir_data.prepare(config, workdir, documents, f"{len(files)} text file(s)")
 
 
 def _initial_state(config, model, tx, par, init_rng):
@@ -344,6 +418,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   `preempted: True` when SIGTERM stopped it early (after saving a checkpoint).
   """
   check_config(config)
+  adopt_checkpoint(config)
   workdir = _prepare_workdir(config, workdir)
   model = build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
@@ -368,6 +443,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     p_eval_step = par.compile_eval(functools.partial(eval_step, model=model,
                                                      objective=config.objective))
     evaluate_fn = lambda st, step: evaluate(config, st.params, p_eval_step, par)
+    if config.get("eval_before_training") and trainer.start_step == 0:
+      # Where training starts from (continued pre-training: the released model on this corpus).
+      trainer.log_eval(0, evaluate_fn(state, 0))
   count, window_metrics = _throughput(config)
   try:
     _, last = trainer.run(

@@ -652,7 +652,8 @@ def get_task(config):
       best_metric="f1",
       eval_splits=("dev",),
       test_splits=("test",) if config.data.get("test_file") else (),
-      token_outputs=("start_logits", "end_logits"))
+      token_outputs=("start_logits", "end_logits"),
+      output_kind="span")
 
 
 def run(config, workdir: str) -> Dict:

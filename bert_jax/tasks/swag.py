@@ -112,7 +112,9 @@ def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
       write_predictions=write_predictions,
       best_metric="accuracy",
       eval_splits=("dev",),
-      test_splits=("test",))
+      test_splits=("test",),
+      output_kind="multiple_choice",
+      labels=tuple(str(i) for i in range(NUM_CHOICES)))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:

@@ -1,0 +1,58 @@
+r"""Serving exports of a fine-tuned model: `python -m bert_jax.export`.
+
+  python -m bert_jax.export --model=WORKDIR/best --format=saved_model --output=DIR
+  python -m bert_jax.export --model=WORKDIR/best --format=huggingface --output=DIR
+
+`--model` is the `best/` directory a fine-tuning run wrote (or its workdir), or any pre-trained
+checkpoint (Hugging Face directory, Google TF checkpoint, `save_pretrained` directory, training
+workdir): then the encoder alone is exported (outputs `sequence_output`, `pooled_output`).
+`saved_model`: a TensorFlow SavedModel (jax2tf), signature `serving_default` on int32
+`input_ids`, `input_mask`, `segment_ids` of any batch size and length; `huggingface`: the
+transformers class of the task (BertForSequenceClassification, ...) with its tokenizer files.
+Both write `DIR/signature.json`: inputs, outputs, labels and how to tokenize. Details:
+bert_jax/tasks/serving.py.
+"""
+import json
+import sys
+
+from bert_jax.runtime import host_memory
+
+host_memory.keep_freed_memory()
+
+from bert_jax.io import storage_emulator  # noqa: E402
+
+storage_emulator.configure()   # gs:// to STORAGE_EMULATOR_HOST if set, before TensorFlow loads
+
+from absl import app, flags  # noqa: E402
+
+_MODEL = flags.DEFINE_string("model", None, "WORKDIR/best of a fine-tuning run (or WORKDIR), or "
+                             "a pre-trained checkpoint (exports the encoder).")
+_FORMAT = flags.DEFINE_enum("format", "saved_model", ["saved_model", "huggingface"],
+                            "TensorFlow SavedModel (jax2tf) or a transformers directory.")
+_OUTPUT = flags.DEFINE_string("output", None, "Export directory (local or gs://).")
+_DTYPE = flags.DEFINE_string("dtype", "", "Compute dtype override for the SavedModel (e.g. "
+                             "float32); default: the run's.")
+_PLATFORMS = flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
+                               "Platforms the SavedModel is lowered for (saved_model only).")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Casing of a pre-trained checkpoint "
+                                   "(default: its tokenizer_config.json, else true); a fine-tuned "
+                                   "model's is the run's.")
+flags.mark_flags_as_required(["model", "output"])
+
+
+def main(argv):
+  del argv
+  from bert_jax.tasks import serving
+  description = serving.export(_MODEL.value, _FORMAT.value, _OUTPUT.value, dtype=_DTYPE.value,
+                               do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value)
+  what = description["task"] or "encoder"
+  print(f"{what} ({description['kind']}) from {description['source']} -> {_OUTPUT.value} "
+        f"({_FORMAT.value}); outputs: {', '.join(description['outputs'])}", file=sys.stderr,
+        flush=True)
+  print(json.dumps({"output": _OUTPUT.value, "format": _FORMAT.value,
+                    "kind": description["kind"], "outputs": list(description["outputs"])}),
+        flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,95 @@
+"""A fine-tuned model as a run left it in `WORKDIR/best/`, loaded back for use.
+
+`best/` holds the encoder (`save_pretrained`), `head.safetensors`, the vocabulary and
+`task_config.json` (the experiment config of the run). `load(path)` rebuilds from them exactly
+what the run predicted with: the task definition (features, head, post-processing), the model,
+its parameters and the tokenizer. `bert_jax.predict` and `bert_jax.export` start here.
+"""
+import dataclasses
+import importlib
+import json
+from typing import Any, Dict
+
+import ml_collections
+
+from bert_jax.io import checkpoints, filesystem
+from bert_jax.model.config import BertConfig
+from bert_jax.tasks import finetuning
+
+# config.task of a fine-tuning run -> the module whose get_task(config) defines it.
+TASK_MODULES = {
+    "glue": "bert_jax.tasks.glue",
+    "swag": "bert_jax.tasks.swag",
+    "squad": "bert_jax.tasks.squad",
+    "ner": "bert_jax.tasks.ner",
+}
+
+
+@dataclasses.dataclass
+class FineTuned:
+  directory: str                           # the best/ directory
+  config: ml_collections.ConfigDict        # the run's experiment config
+  task: finetuning.Task
+  bert_config: BertConfig
+  model: finetuning.FineTuningModel
+  params: Dict[str, Any]                   # {"bert": ..., "head": ...}, host numpy
+  tokenizer: Any
+
+  @property
+  def kind(self) -> str:
+    return self.task.output_kind
+
+  @property
+  def labels(self):
+    return self.task.labels
+
+
+def best_directory(path: str) -> str:
+  """`path` itself if it is a best/ directory, else `path/best` (a fine-tuning workdir)."""
+  for candidate in (path, filesystem.join(path, finetuning.BEST_DIR)):
+    if filesystem.exists(filesystem.join(candidate, finetuning.BEST_INFO)):
+      return candidate
+  raise FileNotFoundError(
+      f"{path}: not a fine-tuned model (no {finetuning.BEST_INFO} in it or in "
+      f"{filesystem.join(path, finetuning.BEST_DIR)}); give WORKDIR/best of a fine-tuning run")
+
+
+def read_task_config(directory: str) -> ml_collections.ConfigDict:
+  path = filesystem.join(directory, finetuning.TASK_CONFIG)
+  if not filesystem.exists(path):
+    raise FileNotFoundError(
+        f"{path} is missing: this best/ was written before task_config.json was recorded; "
+        "fine-tune it again (or rerun with num_train_epochs=0 from it) to record the task")
+  config = ml_collections.ConfigDict(json.loads(filesystem.read_text(path)))
+  if config.get("task") not in TASK_MODULES:
+    raise ValueError(f"{path}: task={config.get('task')!r} cannot be loaded for prediction "
+                     f"(expected one of {sorted(TASK_MODULES)})")
+  return config
+
+
+def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
+  return importlib.import_module(TASK_MODULES[config.task]).get_task(config)
+
+
+def load(path: str, **model_overrides) -> FineTuned:
+  """The fine-tuned model in `path` (a best/ directory or its workdir).
+
+  model_overrides: runtime fields of `config.model` (e.g. dtype="bfloat16")."""
+  directory = best_directory(path)
+  config = read_task_config(directory)
+  # Everything comes from best/ now, whatever paths the run had (they may not exist here).
+  config.init_checkpoint = directory
+  config.vocab_file, config.spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
+  if model_overrides:
+    config.model.update(model_overrides)
+  task = get_task(config)
+  if not task.output_kind:
+    raise ValueError(f"Task {task.name} declares no output_kind; predict cannot read its outputs")
+  loaded_config, encoder = checkpoints.load_pretrained(directory)
+  bert_config = finetuning.bert_config_for(config, loaded_config)
+  tokenizer = finetuning.create_tokenizer(config, bert_config)
+  params = {"bert": checkpoints.to_model_layout(encoder, bert_config)["bert"],
+            "head": finetuning.read_head(directory)}
+  model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
+                                     task.freeze_encoder)
+  return FineTuned(directory, config, task, bert_config, model, params, tokenizer)

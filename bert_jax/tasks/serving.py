@@ -1,0 +1,540 @@
+r"""Serving exports of a fine-tuned model (or a pre-trained encoder): `python -m bert_jax.export`.
+
+Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or from any checkpoint
+`checkpoints.load_pretrained` reads (then the encoder alone is exported):
+
+* `saved_model`: a TensorFlow SavedModel made by `jax.experimental.jax2tf` (native
+  serialization: the model is the StableHLO JAX lowers, run by TensorFlow's XlaCallModule op).
+  Signature `serving_default`: `input_ids`, `input_mask`, `segment_ids`, int32 [batch, length]
+  ([batch, choices, length] for multiple choice) -> the task's outputs (`OUTPUTS`), float32.
+  Batch and length are symbolic dimensions (jax2tf `polymorphic_shapes`), so one export serves
+  any batch size and any length up to `max_position_embeddings` (checked when called). The
+  parameters are `tf.Variable`s (the graph stays small, `saved_model_cli` lists them), and the
+  module is lowered for `PLATFORMS` (cpu, cuda, tpu): TensorFlow picks the lowering of the device
+  it runs on. `signature.json` beside `saved_model.pb` says how to make the inputs (tokenizer,
+  casing, max_seq_length, the [CLS] A [SEP] B [SEP] layout), what the outputs mean and the
+  labels; the vocabulary is a SavedModel asset (`assets/vocab.txt` or `assets/spm.model`).
+* `huggingface`: the matching transformers class (`HF_CLASSES`): config.json (labels as
+  id2label/label2id) + model.safetensors + the tokenizer files (vocab.txt, tokenizer_config.json
+  with do_lower_case), loadable offline by `AutoModelFor...` and `AutoTokenizer`. The encoder is
+  written by `checkpoints.huggingface_state` (the same renaming as `export_huggingface`), the head
+  under transformers' names (torch Linear weights are [out, in]).
+
+There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
+`FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
+are token ids made by this project's tokenizer, or by any tokenizer that matches it.
+
+Shape letters: B batch, C choices, S sequence, H hidden, K labels.
+"""
+import contextlib
+import dataclasses
+import json
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bert_jax.io import checkpoints, filesystem
+from bert_jax.model import modeling
+from bert_jax.model.config import BertConfig
+from bert_jax.tasks import fine_tuned, finetuning
+from bert_jax.text import tokenization
+
+FORMATS = ("saved_model", "huggingface")
+ENCODER = "encoder"     # the kind of a pre-trained checkpoint exported without a head
+SIGNATURE_FILE = "signature.json"
+SERVING_SIGNATURE = "serving_default"
+# Where the SavedModel may run: each gets its own lowering in the one XlaCallModule op, chosen at
+# run time by the device TensorFlow places it on (a GPU-only lowering fails on a CPU host).
+PLATFORMS = ("cpu", "cuda", "tpu")
+
+# The outputs of each kind, in signature order.
+OUTPUTS = {
+    "classification": ("logits", "probabilities"),
+    "regression": ("score",),
+    "multiple_choice": ("logits", "probabilities"),
+    "tagging": ("logits", "probabilities"),
+    "span": ("start_logits", "end_logits"),
+    ENCODER: ("sequence_output", "pooled_output"),
+}
+
+# kind -> the transformers model class holding the same head.
+HF_CLASSES = {
+    "classification": "BertForSequenceClassification",
+    "regression": "BertForSequenceClassification",
+    "multiple_choice": "BertForMultipleChoice",
+    "tagging": "BertForTokenClassification",
+    "span": "BertForQuestionAnswering",
+    ENCODER: "BertModel",
+}
+# Our input and output names -> transformers' (a softmax is not part of its models).
+HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
+                  "segment_ids": "token_type_ids"}
+HF_OUTPUT_NAMES = {"logits": "logits", "score": "logits", "start_logits": "start_logits",
+                   "end_logits": "end_logits", "sequence_output": "last_hidden_state",
+                   "pooled_output": "pooler_output"}
+# transformers builds these without a pooler (add_pooling_layer=False): its weights would be
+# reported as unexpected keys, so they are not written.
+_HF_NO_POOLER = ("tagging", "span")
+# Our head parameter -> transformers' module name, per kind.
+_HF_HEAD_NAMES = {"classifier": "classifier", "qa_outputs": "qa_outputs"}
+
+
+@dataclasses.dataclass
+class Servable:
+  """A model ready to export: its kind, parameters, tokenizer and how inputs are made."""
+  kind: str                          # finetuning.OUTPUT_KINDS or ENCODER
+  source: str                        # the directory or checkpoint it was loaded from
+  bert_config: BertConfig
+  params: Dict[str, Any]             # {"bert": ...} (+ {"head": ...} for a fine-tuned model)
+  apply: Callable[[Dict, Dict], Dict[str, jax.Array]]   # (params, batch) -> raw model outputs
+  task_name: str = ""
+  labels: Tuple[str, ...] = ()
+  max_seq_length: int = 0
+  do_lower_case: Optional[bool] = None
+  vocab_file: Optional[str] = None   # WordPiece vocabulary, or
+  spm_model_file: Optional[str] = None   # SentencePiece model (None, None: none found)
+  task_config: Optional[ml_collections.ConfigDict] = None
+  num_choices: int = 0               # multiple choice: C in [B, C, S]
+
+  @property
+  def outputs(self) -> Tuple[str, ...]:
+    names = OUTPUTS[self.kind]
+    if self.kind == ENCODER and "pooler" not in self.params["bert"]:
+      names = ("sequence_output",)    # a checkpoint saved without its pooler
+    return names
+
+
+# ----------------------------------------------------------------------------------- loading
+
+
+def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Servable:
+  """A fine-tuned model (`WORKDIR/best` or `WORKDIR`) or else any pre-trained checkpoint.
+
+  dtype: compute dtype override ("" keeps the run's; a checkpoint's default is float32).
+  do_lower_case: a pre-trained checkpoint's casing; default what it records (a Hugging Face
+    tokenizer_config.json), else True. A fine-tuned model's casing is the run's (an explicit
+    value that disagrees is an error)."""
+  try:
+    best = fine_tuned.best_directory(path)
+  except FileNotFoundError:
+    return _load_encoder(path, dtype, do_lower_case)
+  model = fine_tuned.load(best, **({"dtype": dtype} if dtype else {}))
+  config = model.config
+  if do_lower_case is not None and do_lower_case != config.do_lower_case:
+    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.do_lower_case}; "
+                     f"--do_lower_case={do_lower_case} would not tokenize as it was trained")
+  apply = lambda params, batch: model.model.apply({"params": params}, batch, deterministic=True)
+  return Servable(
+      kind=model.kind, source=model.directory, bert_config=model.bert_config,
+      params=model.params, apply=apply, task_name=model.task.name, labels=tuple(model.labels),
+      max_seq_length=int(config.max_seq_length), do_lower_case=bool(config.do_lower_case),
+      vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
+      task_config=config,
+      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0)
+
+
+def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Servable:
+  bert_config, params = checkpoints.load_pretrained(path)
+  if dtype:
+    bert_config = bert_config.replace(dtype=dtype)
+  params = {"bert": checkpoints.to_model_layout({"bert": params["bert"]}, bert_config)["bert"]}
+  try:
+    vocab_file, spm_model_file = checkpoints.find_vocab(path)
+  except FileNotFoundError:
+    vocab_file = spm_model_file = None
+  if do_lower_case is None:
+    recorded = checkpoints.recorded_lower_case(path)
+    do_lower_case = recorded if recorded is not None else not spm_model_file
+  encoder = modeling.BertModel(bert_config, add_pooling_layer="pooler" in params["bert"])
+
+  def apply(params, batch):
+    return encoder.apply({"params": params["bert"]}, batch["input_ids"], batch["input_mask"],
+                         batch["segment_ids"], deterministic=True)
+
+  return Servable(kind=ENCODER, source=path, bert_config=bert_config, params=params,
+                  apply=apply, max_seq_length=bert_config.max_position_embeddings,
+                  do_lower_case=do_lower_case, vocab_file=vocab_file,
+                  spm_model_file=spm_model_file)
+
+
+def tokenizer_for(servable: Servable):
+  """The tokenizer the exported model's inputs must be made with (None: no vocabulary found)."""
+  if not (servable.vocab_file or servable.spm_model_file):
+    return None
+  return tokenization.create_tokenizer(servable.vocab_file, servable.spm_model_file,
+                                       servable.do_lower_case)
+
+
+# ----------------------------------------------------------------------------------- outputs
+
+
+def serving_function(servable: Servable) -> Callable:
+  """(params, input_ids, input_mask, segment_ids) -> {output name: float32 array}: what the
+  SavedModel computes, as a JAX function (jit it to serve from JAX)."""
+  kind = servable.kind
+
+  def serve(params, input_ids, input_mask, segment_ids):
+    batch = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+    raw = {k: v.astype(jnp.float32) for k, v in servable.apply(params, batch).items()}
+    if kind in ("classification", "multiple_choice", "tagging"):
+      logits = raw["logits"]                                  # [B, K], [B, C] or [B, S, K]
+      return {"logits": logits, "probabilities": jax.nn.softmax(logits, axis=-1)}
+    if kind == "regression":
+      return {"score": raw["logits"][..., 0]}                 # [B]
+    return {name: raw[name] for name in servable.outputs}     # span, encoder
+
+  return serve
+
+
+def input_shape(servable: Servable) -> Tuple[Optional[int], ...]:
+  """The inputs' shape with None for the free dimensions: [B, S] or [B, C, S]."""
+  return (None, servable.num_choices, None) if servable.num_choices else (None, None)
+
+
+def output_shapes(servable: Servable) -> Dict[str, list]:
+  """Each output's shape as words ("batch", "length", ...) or sizes, for signature.json."""
+  k = len(servable.labels)
+  hidden = servable.bert_config.hidden_size
+  shapes = {
+      "classification": {"logits": ["batch", k], "probabilities": ["batch", k]},
+      "regression": {"score": ["batch"]},
+      "multiple_choice": {"logits": ["batch", servable.num_choices],
+                          "probabilities": ["batch", servable.num_choices]},
+      "tagging": {"logits": ["batch", "length", k], "probabilities": ["batch", "length", k]},
+      "span": {"start_logits": ["batch", "length"], "end_logits": ["batch", "length"]},
+      ENCODER: {"sequence_output": ["batch", "length", hidden], "pooled_output": ["batch", hidden]},
+  }[servable.kind]
+  return {name: shapes[name] for name in servable.outputs}
+
+
+_OUTPUT_MEANINGS = {
+    ("classification", "logits"): "unnormalised score of each label (index = position in labels)",
+    ("classification", "probabilities"): "softmax of logits over the labels",
+    ("regression", "score"): "the predicted value",
+    ("multiple_choice", "logits"): "score of each choice",
+    ("multiple_choice", "probabilities"): "softmax of logits over the choices",
+    ("tagging", "logits"): "score of each label at every token; a word's label is read at its "
+                           "first WordPiece (other positions are not trained)",
+    ("tagging", "probabilities"): "softmax of logits over the labels at every token",
+    ("span", "start_logits"): "score of each token as the answer's first (0 = [CLS]: no answer)",
+    ("span", "end_logits"): "score of each token as the answer's last (0 = [CLS]: no answer)",
+    (ENCODER, "sequence_output"): "final hidden state of every token",
+    (ENCODER, "pooled_output"): "the pooler (dense + tanh) on the [CLS] hidden state",
+}
+
+_INPUT_FORMAT = {
+    "classification": "one sentence: [CLS] A [SEP]; a pair: [CLS] A [SEP] B [SEP]",
+    "regression": "[CLS] A [SEP] B [SEP]",
+    "multiple_choice": "each choice c: [CLS] context [SEP] ending_c [SEP]",
+    "tagging": "[CLS] words [SEP], each word tokenized on its own (its first piece carries its "
+               "label)",
+    "span": "[CLS] question [SEP] context window [SEP] (long contexts in windows of "
+            "max_seq_length, doc_stride apart)",
+    ENCODER: "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]",
+}
+
+
+def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str],
+                          platforms: Sequence[str] = ()) -> Dict[str, Any]:
+  """What a serving user needs: inputs, outputs, labels and how to tokenize (signature.json)."""
+  dims = ["batch", "choices", "length"] if servable.num_choices else ["batch", "length"]
+  if servable.num_choices:
+    dims[1] = servable.num_choices
+  inputs = {
+      "input_ids": "token ids of the vocabulary, 0 ([PAD]) after the last real token",
+      "input_mask": "1 for real tokens, 0 for padding",
+      "segment_ids": "0 for [CLS], A and its [SEP]; 1 for B and its [SEP]; 0 for padding",
+  }
+  outputs = {name: {"dtype": "float32", "shape": shape,
+                    "meaning": _OUTPUT_MEANINGS[(servable.kind, name)]}
+             for name, shape in output_shapes(servable).items()}
+  if fmt == "huggingface":   # transformers' argument and output names; torch.long ids
+    inputs = {HF_INPUT_NAMES[k]: v for k, v in inputs.items()}
+    outputs = {HF_OUTPUT_NAMES[k]: v for k, v in outputs.items() if k in HF_OUTPUT_NAMES}
+    if servable.kind == "regression":
+      outputs["logits"]["shape"] = ["batch", 1]
+  description = {
+      "format": fmt,
+      "kind": servable.kind,
+      "task": servable.task_name,
+      "source": servable.source,
+      "inputs": {name: {"dtype": "int32" if fmt == "saved_model" else "int64", "shape": dims,
+                        "meaning": meaning}
+                 for name, meaning in inputs.items()},
+      "outputs": outputs,
+      "labels": list(servable.labels),
+      "max_seq_length": servable.max_seq_length,
+      "max_position_embeddings": servable.bert_config.max_position_embeddings,
+      "tokenizer": {
+          "type": ("wordpiece" if servable.vocab_file else
+                   "sentencepiece" if servable.spm_model_file else None),
+          "vocab": vocab_name,
+          "do_lower_case": servable.do_lower_case,
+          "max_input_chars_per_word": 200 if servable.vocab_file else None,
+          "special_tokens": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
+                             "mask": "[MASK]"},
+          "input_format": _INPUT_FORMAT[servable.kind],
+          "reference": "bert_jax.text.tokenization (FullTokenizer: the original BERT tokenizer "
+                       "as Hugging Face's slow BertTokenizer) + bert_jax.text.pairs.encode_pairs",
+      },
+  }
+  if fmt == "saved_model":
+    description["signature"] = SERVING_SIGNATURE
+    description["platforms"] = list(platforms)
+    description["dynamic"] = ("batch and length are free; length <= max_position_embeddings; "
+                              "the model was trained on lengths <= max_seq_length")
+  config = servable.task_config
+  if servable.kind == "span" and config is not None:
+    description["span"] = {k: config.get(k) for k in (
+        "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
+    threshold_file = filesystem.join(servable.source, "squad_null_threshold.json")
+    if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
+      description["span"].update(json.loads(filesystem.read_text(threshold_file)))
+  if servable.kind == "tagging" and config is not None:
+    description["tagging"] = {"scheme": config.data.get("scheme"),
+                              "document_context": config.get("document_context")}
+  return description
+
+
+# ----------------------------------------------------------------------------------- SavedModel
+
+
+def _vocabulary(servable: Servable) -> Tuple[Optional[str], Optional[str]]:
+  """(path of the vocabulary file, its name in the export) or (None, None)."""
+  path = servable.vocab_file or servable.spm_model_file
+  return (path, filesystem.basename(path)) if path else (None, None)
+
+
+def export_saved_model(servable: Servable, output: str,
+                       platforms: Sequence[str] = PLATFORMS) -> Dict[str, Any]:
+  """Writes the SavedModel (and signature.json) to `output`; returns the description."""
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+
+  # Symbolic batch b and length s (and a fixed number of choices). The length is bounded by the
+  # position table (the constraint lets the positions' slice [:s] lower); a longer input is an
+  # error when called ("slice size ... is out of bounds" from TensorFlow's shape refinement).
+  shape = "(b, s)" if not servable.num_choices else f"(b, {servable.num_choices}, s)"
+  max_length = servable.bert_config.max_position_embeddings
+  converted = jax2tf.convert(
+      serving_function(servable), polymorphic_shapes=[None, shape, shape, shape],
+      polymorphic_constraints=(f"s <= {max_length}",), with_gradient=False,
+      native_serialization_platforms=tuple(platforms))
+
+  # Parameters as variables, named by their path in the parameter tree.
+  flat = {"/".join(k): np.asarray(v) for k, v in flat_tree(servable.params).items()}
+  variables = {name: tf.Variable(value, trainable=False, name=name)
+               for name, value in flat.items()}
+  params = _unflatten({name: variables[name] for name in flat})
+
+  module = tf.Module()
+  module._variables = list(variables.values())   # tracked: saved as variables, not constants
+  vocab_path, vocab_name = _vocabulary(servable)
+  if vocab_path:   # copied into assets/ under its base name (best/ keeps vocab.txt / spm.model)
+    module.vocab = tf.saved_model.Asset(vocab_path)
+  dims = input_shape(servable)
+
+  @tf.function(autograph=False, input_signature=[
+      tf.TensorSpec(dims, tf.int32, name=name) for name in finetuning.MODEL_INPUTS])
+  def serve(input_ids, input_mask, segment_ids):
+    return converted(params, input_ids, input_mask, segment_ids)
+
+  module.serve = serve
+  filesystem.makedirs(output)
+  # jax2tf lowers and serializes while `serve` is traced: both fixes must be in place then.
+  with stablehlo_readable_by_tensorflow(), erf_without_composite():
+    tf.saved_model.save(module, output,
+                        signatures={SERVING_SIGNATURE: serve.get_concrete_function()})
+  description = signature_description(
+      servable, "saved_model", f"assets/{vocab_name}" if vocab_name else None, platforms)
+  filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),
+                        json.dumps(description, indent=2, ensure_ascii=False) + "\n")
+  return description
+
+
+def _version(text: str) -> Tuple[int, ...]:
+  return tuple(int(x) for x in text.split("."))
+
+
+@contextlib.contextmanager
+def stablehlo_readable_by_tensorflow():
+  """StableHLO serialized no newer than the installed TensorFlow can read.
+
+  jax.export writes the StableHLO version of 4 weeks ago (`WEEK_4`); TensorFlow releases are
+  slower, and this JAX's (1.15.0 for jax 0.10) is newer than TensorFlow 2.21's (1.13.7): its
+  XlaCallModule then fails on load with "failed to deserialize portable artifact" (erf, in the
+  GELU, is serialized as a `composite_v2` op it does not know). So the version is capped at
+  TensorFlow's own (`get_current_version`): the SavedModel loads in this TensorFlow and any later
+  one. jax.export has no option for it: the cap replaces the function it asks, for the duration."""
+  try:
+    from jax._src.lib.mlir.dialects import hlo
+    from tensorflow.compiler.mlir.stablehlo import stablehlo as tf_stablehlo
+    consumer = tf_stablehlo.get_current_version()
+    original = hlo.get_version_from_compatibility_requirement
+  except (ImportError, AttributeError) as e:   # other versions: serialize as jax does
+    logging.warning("StableHLO version not capped for TensorFlow (%s); the SavedModel may need "
+                    "a newer TensorFlow than this one", e)
+    yield
+    return
+
+  def capped(requirement):
+    return min(original(requirement), consumer, key=_version)
+
+  hlo.get_version_from_compatibility_requirement = capped
+  try:
+    yield
+  finally:
+    hlo.get_version_from_compatibility_requirement = original
+
+
+# The float32 erf that JAX's lowering writes as the decomposition of its `chlo.erf` composite
+# (Eigen's rational approximation): erf(x) = clamp(x P(x^2) / Q(x^2), -1, 1), x clamped to [-4, 4].
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+          -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+          -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+          -7.37332916720468e-03, -1.42647390514189e-02)
+
+
+def erf_rational(x: jax.Array) -> jax.Array:
+  """erf as plain StableHLO arithmetic: the same operations as JAX's erf decomposition."""
+  dtype = x.dtype
+  x = jnp.clip(x.astype(jnp.float32), -4.0, 4.0)
+  x2 = x * x
+  p = jnp.float32(_ERF_P[0]) * x2
+  for a in _ERF_P[1:-1]:
+    p = (p + jnp.float32(a)) * x2
+  p = p + jnp.float32(_ERF_P[-1])
+  q = jnp.float32(_ERF_Q[0]) * x2
+  for b in _ERF_Q[1:-1]:
+    q = (q + jnp.float32(b)) * x2
+  q = q + jnp.float32(_ERF_Q[-1])
+  return jnp.clip(x * p / q, -1.0, 1.0).astype(dtype)
+
+
+@contextlib.contextmanager
+def erf_without_composite():
+  """`lax.erf` (the GELU's) lowered to plain arithmetic instead of a `chlo.erf` composite.
+
+  JAX lowers erf to a StableHLO composite whose decomposition is a separate function.
+  TensorFlow 2.21's XlaCallModule does not refine the symbolic shapes inside it ("Module has
+  dynamic shapes: 'stablehlo.dynamic_broadcast_in_dim' op has dynamic shapes" when called), so
+  a model with dynamic batch and length fails. Lowered as `erf_rational` (the decomposition's
+  own arithmetic, inline) it refines like every other op. The lowering rule is swapped for the
+  duration only: jit elsewhere in the process keeps JAX's."""
+  from jax._src.interpreters import mlir as mlir_internal
+  from jax.interpreters import mlir
+  saved = mlir_internal._lowerings.get(jax.lax.erf_p)
+  mlir.register_lowering(jax.lax.erf_p, mlir.lower_fun(erf_rational, multiple_results=False))
+  try:
+    yield
+  finally:
+    if saved is None:
+      mlir_internal._lowerings.pop(jax.lax.erf_p, None)
+    else:
+      mlir_internal._lowerings[jax.lax.erf_p] = saved
+
+
+def flat_tree(tree: Dict) -> Dict[Tuple[str, ...], Any]:
+  """{path tuple: host array} of a parameter tree."""
+  from flax import traverse_util
+  return traverse_util.flatten_dict(jax.device_get(tree))
+
+
+def _unflatten(flat: Dict[str, Any]) -> Dict:
+  from flax import traverse_util
+  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
+
+
+# ----------------------------------------------------------------------------------- Hugging Face
+
+
+def huggingface_head(servable: Servable) -> Dict[str, np.ndarray]:
+  """The task head under transformers' names: Linear weight [out, in], bias [out]."""
+  state = {}
+  for (module, leaf), value in flat_tree(servable.params["head"]).items():
+    value = np.asarray(value, np.float32)
+    name = _HF_HEAD_NAMES[module]
+    if leaf == "kernel":
+      state[f"{name}.weight"] = np.ascontiguousarray(value.T)      # [H, K] -> [K, H]
+    elif leaf == "bias":
+      state[f"{name}.bias"] = np.ascontiguousarray(value)
+    else:
+      raise ValueError(f"Unexpected head parameter {module}/{leaf}")
+  return state
+
+
+def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
+  """Writes the transformers model (`HF_CLASSES[kind]`) and tokenizer files to `output`."""
+  if servable.bert_config.causal_attention:
+    raise ValueError(f"{servable.source} uses left-to-right attention (causal_attention), which "
+                     "transformers' BERT classes cannot express; export --format=saved_model")
+  bert = dict(servable.params["bert"])
+  if servable.kind in _HF_NO_POOLER:
+    bert.pop("pooler", None)
+  encoder = checkpoints.huggingface_state(servable.bert_config, {"bert": bert})
+  architecture = HF_CLASSES[servable.kind]
+  hf_config = checkpoints.huggingface_config(servable.bert_config, architecture)
+  if servable.kind == ENCODER:
+    state = encoder
+  else:
+    state = {f"bert.{k}": v for k, v in encoder.items()}
+    state.update(huggingface_head(servable))
+  if servable.kind in ("classification", "tagging"):
+    labels = list(servable.labels)
+    hf_config.update(num_labels=len(labels), id2label={str(i): l for i, l in enumerate(labels)},
+                     label2id={l: i for i, l in enumerate(labels)},
+                     problem_type="single_label_classification"
+                     if servable.kind == "classification" else None)
+  elif servable.kind == "regression":
+    hf_config.update(num_labels=1, problem_type="regression")
+  hf_config = {k: v for k, v in hf_config.items() if v is not None}
+  filesystem.makedirs(output)
+  checkpoints.save_safetensors(state, filesystem.join(output, "model.safetensors"),
+                               metadata={"format": "pt"})
+  filesystem.write_text(filesystem.join(output, "config.json"),
+                        json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  vocab_name = _write_huggingface_tokenizer(servable, output)
+  description = signature_description(servable, "huggingface", vocab_name)
+  description["transformers_class"] = architecture
+  filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),
+                        json.dumps(description, indent=2, ensure_ascii=False) + "\n")
+  return description
+
+
+def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[str]:
+  """vocab.txt + tokenizer_config.json + special_tokens_map.json (WordPiece only: transformers'
+  BERT tokenizers have no SentencePiece form)."""
+  if not servable.vocab_file:
+    return None
+  filesystem.copy(servable.vocab_file, filesystem.join(output, "vocab.txt"))
+  special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+             "cls_token": "[CLS]", "mask_token": "[MASK]"}
+  tokenizer_config = dict(special, tokenizer_class="BertTokenizer",
+                          do_lower_case=bool(servable.do_lower_case), do_basic_tokenize=True,
+                          tokenize_chinese_chars=True, strip_accents=None,
+                          model_max_length=int(servable.max_seq_length))
+  filesystem.write_text(filesystem.join(output, "tokenizer_config.json"),
+                        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+  filesystem.write_text(filesystem.join(output, "special_tokens_map.json"),
+                        json.dumps(special, indent=2, sort_keys=True) + "\n")
+  return "vocab.txt"
+
+
+# ----------------------------------------------------------------------------------- entry point
+
+
+def export(model: str, fmt: str, output: str, *, dtype: str = "",
+           do_lower_case: Optional[bool] = None,
+           platforms: Sequence[str] = PLATFORMS) -> Dict[str, Any]:
+  """Loads `model` (see `load`) and writes it to `output` in `fmt` (FORMATS)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"format={fmt!r}: expected one of {FORMATS}")
+  servable = load(model, dtype=dtype, do_lower_case=do_lower_case)
+  if fmt == "saved_model":
+    return export_saved_model(servable, output, platforms)
+  return export_huggingface(servable, output)

@@ -1,0 +1,82 @@
+"""Raw documents -> what a pre-training run reads, built once into WORKDIR/data.
+
+Used by the demo (Python's documentation) and by continued pre-training on a user's text files
+(`config.data.text_files`). Every `holdout_every`-th document goes to the held-out split; the
+vocabulary is the run's (`config.data.vocab_file` / `spm_model_file`, e.g. a checkpoint's) or,
+if none is given, a WordPiece vocabulary of `config.model.vocab_size` learned on the training
+documents. Records use dynamic masking. A later run (a resume) finds WORKDIR/data/DONE and
+reuses the files, so the data never changes under a running experiment.
+"""
+from typing import Callable, Iterable, List, Tuple
+
+from bert_jax.io import filesystem
+from bert_jax.text import tokenization
+
+DONE = "DONE"
+
+
+def write_corpus(documents: Iterable[List[str]], train_path: str, eval_path: str,
+                 holdout_every: int = 20) -> Tuple[int, int]:
+  """Documents in BERT's input format (a sentence per line, a blank line between documents);
+  every `holdout_every`-th to `eval_path`. Returns (train documents, eval documents)."""
+  counts = [0, 0]
+  with filesystem.open(train_path, "w") as train, filesystem.open(eval_path, "w") as held_out:
+    for i, sentences in enumerate(documents):
+      is_eval = i % holdout_every == 0
+      (held_out if is_eval else train).write("\n".join(sentences) + "\n\n")
+      counts[is_eval] += 1
+  if not counts[0] or not counts[1]:
+    raise ValueError(f"{counts[0]} training and {counts[1]} held-out documents: need at least "
+                     f"one of each (every {holdout_every}th document is held out)")
+  return counts[0], counts[1]
+
+
+def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
+            description: str) -> None:
+  """Builds WORKDIR/data once and points `config.data` (and `config.model.vocab_size`) at it.
+
+  documents: called only when the data is built (a resume never reads the corpus again).
+  """
+  from data_pipelines import build_vocab, create_pretraining_data
+  data_dir = filesystem.join(workdir, "data")
+  paths = {name: filesystem.join(data_dir, name)
+           for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
+  given_vocab = config.data.get("vocab_file") or config.data.get("spm_model_file")
+  if not filesystem.exists(filesystem.join(data_dir, DONE)):
+    filesystem.makedirs(data_dir)
+    print(f"Building pre-training records from {description} in {data_dir} ...", flush=True)
+    train_docs, eval_docs = write_corpus(documents(), paths["train.txt"], paths["eval.txt"],
+                                         config.data.get("holdout_every", 20))
+    if not given_vocab:
+      build_vocab.train_wordpiece([paths["train.txt"]], paths["vocab.txt"],
+                                  vocab_size=config.model.vocab_size, do_lower_case=True)
+    tokenizer = _tokenizer(config, paths["vocab.txt"])
+    for split in ("train", "eval"):
+      create_pretraining_data.create_pretraining_data(
+          [paths[f"{split}.txt"]], [paths[f"{split}.tfrecord"]], tokenizer,
+          max_seq_length=config.max_seq_length,
+          max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
+          dupe_factor=config.data.get("dupe_factor", 5) if split == "train" else 1,
+          masking="dynamic", progress=False)
+    filesystem.write_text(filesystem.join(data_dir, DONE),
+                          f"{train_docs} train documents, {eval_docs} eval documents\n")
+  if not given_vocab:
+    config.data.vocab_file, config.data.do_lower_case = paths["vocab.txt"], True
+    config.model.vocab_size = _tokenizer(config, paths["vocab.txt"]).vocab_size
+  else:  # a copy in WORKDIR/data: fine-tuning from this workdir finds its vocabulary there
+    name = "vocab.txt" if config.data.get("vocab_file") else "spm.model"
+    copy = filesystem.join(data_dir, name)
+    if not filesystem.exists(copy):
+      filesystem.copy(given_vocab, copy)
+  config.data.input_files = paths["train.tfrecord"]
+  # Evaluation on other held-out records (e.g. another corpus's) when the config names them.
+  config.data.eval_input_files = config.data.get("eval_input_files") or paths["eval.tfrecord"]
+  config.data.masking = "dynamic"
+
+
+def _tokenizer(config, learned_vocab: str):
+  if config.data.get("vocab_file") or config.data.get("spm_model_file"):
+    return tokenization.create_tokenizer(vocab_file=config.data.get("vocab_file") or None,
+                                         spm_model_file=config.data.get("spm_model_file") or None,
+                                         do_lower_case=config.data.do_lower_case)
+  return tokenization.FullTokenizer(learned_vocab, do_lower_case=True)
