@@ -100,14 +100,20 @@ def main():
 
 def markdown_tables(rows) -> str:
   """Per-chip memory, largest batch, roofline and MFU per cell; then the paper's recipe (90% of
-  1M steps at seq 128, 10% at 512, batch 256) per slice from the seq 128 and 512 cells."""
-  key = lambda r: (r["size"], r["seq"], r["packing"], r["topology"])
-  largest = {key(r): r["max_global_batch_size"] for r in rows if r.get("max_global_batch_size")}
-  cells = {key(r): r for r in rows if r["global_batch_size"] == 256
+  1M steps at seq 128, 10% at 512, batch 256) per slice from the seq 128 and 512 cells.
+
+  A cell compiled both unrolled and with `scan_layers` has a row for each (`layers` column); the
+  largest batch is that of the search's own layer form, named beside it."""
+  layers = lambda r: ("scanned" if r.get("scan_layers") else "unrolled") + (
+      " + remat" if r.get("remat") else "")
+  cell = lambda r: (r["size"], r["seq"], r["packing"], r["topology"])
+  largest = {cell(r) + (layers(r),): r["max_global_batch_size"] for r in rows
+             if r.get("max_global_batch_size")}
+  cells = {cell(r) + (layers(r),): r for r in rows if r["global_batch_size"] == 256
            and not r.get("max_global_batch_size")}
-  out = ["| model | seq | packing | slice (chips) | per chip at batch 256 | XLA / analytic FLOPs "
-         "| roofline step (bound) | est. MFU (ceiling) | largest global batch |",
-         "|---|---|---|---|---|---|---|---|---|"]
+  out = ["| model | seq | packing | slice (chips) | layers | per chip at batch 256 | XLA / "
+         "analytic FLOPs | roofline step (bound) | est. MFU (ceiling) | largest global batch |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
   for k, r in sorted(cells.items()):
     memory = (f"{r['gib_per_device']:.2f} GiB" if r["fits"] else
               f"does not fit (+{(r.get('over_by_bytes') or 0) / 2 ** 30:.1f} GiB)")
@@ -117,22 +123,28 @@ def markdown_tables(rows) -> str:
                 if r.get("roofline_step_seconds") else "-")
     mfu = f"{100 * r['estimated_mfu']:.1f}%" if r.get("estimated_mfu") else "-"
     out.append(f"| {r['size']} | {r['seq']} | {'on' if r['packing'] else 'off'} | "
-               f"{r['topology']} ({r['num_devices']}) | {memory} | {ratio} | {roofline} | {mfu} "
-               f"| {largest.get(k, '-')} |")
-  out += ["", "| model | packing | slice (chips) | paper's recipe: roofline days | chip-hours |",
-          "|---|---|---|---|---|"]
-  for (size, seq, packing, topology), r in sorted(cells.items()):
-    long = cells.get((size, 512, packing, topology))
-    if seq != 128 or long is None:
+               f"{r['topology']} ({r['num_devices']}) | {k[-1]} | {memory} | {ratio} | "
+               f"{roofline} | {mfu} | {largest.get(k, '-')} |")
+  out += ["", "| model | packing | slice (chips) | paper's recipe: roofline days | chip-hours "
+          "| layers (seq 128 / seq 512) |", "|---|---|---|---|---|---|"]
+  done = set()
+  for (size, seq, packing, topology, form), r in sorted(cells.items()):
+    # The seq-512 phase in this layer form if it fits, else in a form that does (remat).
+    longs = sorted((c for c in cells.values() if cell(c) == (size, 512, packing, topology)),
+                   key=lambda c: (not c.get("roofline_step_seconds"), layers(c) != form))
+    long = longs[0] if longs else None
+    if seq != 128 or long is None or (size, packing, topology) in done:
       continue
+    done.add((size, packing, topology))
     if not (r.get("roofline_step_seconds") and long.get("roofline_step_seconds")):
       out.append(f"| {size} | {'on' if packing else 'off'} | {topology} "
-                 f"({r['num_devices']}) | batch 256 does not fit at seq 512 | - |")
+                 f"({r['num_devices']}) | batch 256 does not fit at seq 512 | - | - |")
       continue
     seconds = PAPER_STEPS * (0.9 * r["roofline_step_seconds"]
                              + 0.1 * long["roofline_step_seconds"])
     out.append(f"| {size} | {'on' if packing else 'off'} | {topology} ({r['num_devices']}) | "
-               f"{seconds / 86400:.2f} | {seconds / 3600 * r['num_devices']:.0f} |")
+               f"{seconds / 86400:.2f} | {seconds / 3600 * r['num_devices']:.0f} | {form} / "
+               f"{layers(long)} |")
   return "\n".join(out)
 
 

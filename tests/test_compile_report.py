@@ -69,6 +69,15 @@ def test_tiny_pretraining_step_compiles_for_a_slice(compile_report, tmp_path, ac
   assert written["topology"] == accelerator and written["fits"]
 
 
+def test_a_packed_pretraining_step_compiles_with_an_unpacked_evaluation(compile_report, tmp_path):
+  # Packing changes the training batch (K NSP slots per row); evaluation stays unpacked.
+  config = _tiny(global_batch_size=16)
+  config.model.update(hidden_size=64, intermediate_size=128)
+  config.data.packing, config.data.max_pairs_per_row = True, 4
+  report = compile_report.run(config, str(tmp_path), "v5litepod-4")
+  assert report["fits"] and report["eval_step"]["fits"]
+
+
 def test_an_oversized_batch_reports_fits_false(compile_report, tmp_path):
   config = pretraining_defaults.get_config("large")
   config.model.update(dtype="bfloat16", scan_layers=True)
@@ -150,3 +159,26 @@ def test_max_batch_search_lands_on_the_boundary(compile_report, monkeypatch):
   largest = max(b for b in range(unit, 4096, unit) if memory(b) <= capacity)
   assert best["max_global_batch_size"] == largest
   assert len(compiled) <= 8, compiled          # doubling then bisection would take ~14
+
+
+def test_the_benchmark_table_pairs_each_search_and_phase_with_its_layer_form():
+  from benchmarks import tpu_aot
+
+  def row(seq, scan, remat, fits, batch=256, largest=None, step=0.1):
+    return dict(size="large", seq=seq, packing=False, topology="v5litepod-8", num_devices=8,
+                scan_layers=scan, remat=remat, global_batch_size=batch, fits=fits,
+                max_global_batch_size=largest, over_by_bytes=0 if fits else 2 ** 31,
+                gib_per_device=7.5 if fits else None, flops_per_step=1.0,
+                model_flops_per_step=1.0, roofline_step_seconds=step if fits else None,
+                roofline_bound="memory", estimated_mfu=0.3 if fits else None)
+  rows = [row(128, True, False, True, step=0.1), row(512, True, False, False),
+          row(512, True, True, True, step=0.5),
+          row(512, True, False, True, batch=48, largest=48)]
+  table = tpu_aot.markdown_tables(rows)
+  lines = {line.split(" | ")[4]: line for line in table.splitlines()
+           if line.startswith("| large | 512")}
+  assert lines["scanned"].endswith("| 48 |")              # the search ran without remat
+  assert lines["scanned + remat"].endswith("| - |")
+  # The recipe takes the seq-512 phase in the form that fits: 1M x (0.9 x 0.1 s + 0.1 x 0.5 s).
+  recipe = [line for line in table.splitlines() if line.startswith("| large | off")]
+  assert recipe == ["| large | off | v5litepod-8 (8) | 1.62 | 311 | scanned / scanned + remat |"]

@@ -56,9 +56,9 @@ REPORT_FILE = "compile_report.json"
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
 
 
-def example_batch(config, rows: int) -> Dict[str, np.ndarray]:
+def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
   """A host batch with the shapes and dtypes the training pipeline gives the step (packed rows
-  with `config.data.packing`)."""
+  with `config.data.packing`, unless `packed` says otherwise: evaluation is never packed)."""
   s, p = config.max_seq_length, config.max_predictions_per_seq
   ids = np.zeros((1, s), np.int32)
   ids[0, :4] = 1
@@ -68,7 +68,7 @@ def example_batch(config, rows: int) -> Dict[str, np.ndarray]:
            F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
            F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
            F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
-  if config.data.get("packing", False):
+  if config.data.get("packing", False) if packed is None else packed:
     batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
   return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
 
@@ -156,11 +156,8 @@ def _pretraining_steps(config, global_batch: int, layers: Optional[int] = None) 
   rng = jax.random.PRNGKey(config.seed)
   param_axes = sharding.logical_axes(
       model.init, rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
-  eval_batch = example_batch(config, config.eval_batch_size)
+  eval_batch = example_batch(config, config.eval_batch_size, packed=False)
   eval_batch.update(example_weight=np.ones(config.eval_batch_size, np.float32))
-  for key in [k for k in eval_batch if k in (packing.NSP_WEIGHTS, "cls_positions", "pair_ids",
-                                             "position_ids")]:
-    eval_batch.pop(key)   # evaluation is never packed
   return _Steps(
       model=model,
       init_state=lambda: pretraining.create_train_state(config, model, tx, rng),
