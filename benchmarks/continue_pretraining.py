@@ -22,10 +22,13 @@ experiment's recipe with length buckets of 16) and
 `--report` writes the tables (OUT/continue_pretraining.md). Every stage resumes when rerun.
 """
 import argparse
+import glob
 import json
 import os
 import subprocess
 import sys
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = ("domain", "general")
@@ -64,14 +67,17 @@ def pretrain(args):
 
 
 def finetune(args):
-  experiment = os.path.join(ROOT, "experiments", "glue.py") + f":task={args.task},seeds={args.seeds}"
+  """Seed by seed (each seed for all three starts before the next seed), so that an interrupted
+  run already compares the starts; WORKDIR/finetune/<start>/seed_<s>, each a resumable run."""
+  experiment = os.path.join(ROOT, "experiments", "glue.py") + f":task={args.task}"
   starts = {"released": _minilm(), **{r: os.path.join(args.out, r) for r in RUNS}}
-  for name, checkpoint in starts.items():
-    workdir = os.path.join(args.out, "finetune", name)
-    if os.path.exists(os.path.join(workdir, "results.json")):
-      continue
-    _main(experiment, workdir, {"init_checkpoint": checkpoint, "data.glue_dir": args.glue_dir,
-                                "do_predict": False, "length_bucket": 16})
+  for seed in range(args.seeds):
+    for name, checkpoint in starts.items():
+      workdir = os.path.join(args.out, "finetune", name, f"seed_{seed}")
+      if os.path.exists(os.path.join(workdir, "results.json")):
+        continue
+      _main(experiment, workdir, {"init_checkpoint": checkpoint, "data.glue_dir": args.glue_dir,
+                                  "do_predict": False, "length_bucket": 16, "seed": seed})
 
 
 def _evals(workdir):
@@ -91,20 +97,25 @@ def report(args):
   finetuned = os.path.join(args.out, "finetune")
   rows = []
   for name in ("released",) + RUNS:
-    path = os.path.join(finetuned, name, "results.json")
-    if os.path.exists(path):
+    seeds = sorted(glob.glob(os.path.join(finetuned, name, "seed_*", "results.json")))
+    dev = []
+    for path in seeds:
       with open(path, encoding="utf-8") as f:
-        summary = json.load(f)["summary"]     # {"dev/<metric>": {mean, std, values}}
-      rows.append((name, {k: v for k, v in summary.items() if not k.endswith("/loss")}))
+        dev.append({k: v for k, v in json.load(f)["dev"].items() if k != "loss"})
+    if dev:
+      rows.append((name, dev))
   if rows:
-    metrics = sorted(rows[0][1])
-    lines += ["", f"| fine-tuned from | " + " | ".join(
-        f"{args.task} {m}: mean ± std (seeds)" for m in metrics) + " |",
-              "|---|" + "---|" * len(metrics)]
-    for name, summary in rows:
-      lines.append(f"| {name} | " + " | ".join(
-          f"{summary[m]['mean']:.4f} ± {summary[m]['std']:.4f} ("
-          + ", ".join(f"{v:.4f}" for v in summary[m]["values"]) + ")" for m in metrics) + " |")
+    metrics = sorted(rows[0][1][0])
+    lines += ["", "| fine-tuned from | seeds | " + " | ".join(
+        f"{args.task} dev {m}: mean ± std (per seed)" for m in metrics) + " |",
+              "|---|---|" + "---|" * len(metrics)]
+    for name, dev in rows:
+      cells = []
+      for m in metrics:
+        values = np.array([d[m] for d in dev])
+        cells.append(f"{values.mean():.4f} ± {values.std():.4f} ("
+                     + ", ".join(f"{v:.4f}" for v in values) + ")")
+      lines.append(f"| {name} | {len(dev)} | " + " | ".join(cells) + " |")
   table = "\n".join(lines)
   print(table)
   with open(os.path.join(args.out, "continue_pretraining.md"), "w", encoding="utf-8") as f:
