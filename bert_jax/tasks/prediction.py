@@ -38,6 +38,7 @@ import numpy as np
 
 from bert_jax import parallel
 from bert_jax.io import filesystem
+from bert_jax.parallel import sharding
 from bert_jax.tasks import fine_tuned, finetuning
 
 FORMATS = ("lines", "jsonl", "squad_json")
@@ -304,7 +305,6 @@ def predict_file(model: fine_tuned.FineTuned, input_path: str, output_path: str,
   par = parallel.create(model.config)
   predictor = finetuning.Predictor(model.model, model.task, batch_size, par.mesh,
                                    length_bucket=length_bucket)
-  from bert_jax.parallel import sharding
   params = sharding.place(model.params, sharding.replicated(par.mesh))   # once, not per chunk
   null_threshold = _null_threshold(model)
   bar = _progress_bar(input_path, fmt, progress)

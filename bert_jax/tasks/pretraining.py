@@ -379,14 +379,8 @@ def _prepare_workdir(config, workdir: str) -> str:
 def _prepare_text_files(config, workdir: str) -> None:
   """`config.data.text_files` (raw text in BERT's input format, a comma list or globs) ->
   WORKDIR/data records with the run's vocabulary, once."""
-  from data_pipelines import create_pretraining_data, workdir_data
-  files = []
-  for pattern in (p.strip() for p in config.data.text_files.split(",") if p.strip()):
-    matched = filesystem.glob(pattern) if filesystem.has_magic(pattern) else [pattern]
-    missing = [p for p in matched if not filesystem.exists(p)]
-    if not matched or missing:
-      raise FileNotFoundError(f"config.data.text_files: {pattern!r} matches no file")
-    files += sorted(matched)
+  from data_pipelines import build_vocab, create_pretraining_data, workdir_data
+  files = build_vocab.expand_input_files(config.data.text_files)
 
   def documents():
     stats = create_pretraining_data.Stats()

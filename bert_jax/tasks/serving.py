@@ -291,7 +291,8 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
   if servable.kind == "span" and config is not None:
     description["span"] = {k: config.get(k) for k in (
         "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
-    threshold_file = filesystem.join(servable.source, "squad_null_threshold.json")
+    from bert_jax.tasks import squad
+    threshold_file = filesystem.join(servable.source, squad.THRESHOLD_FILE)
     if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
       description["span"].update(json.loads(filesystem.read_text(threshold_file)))
   if servable.kind == "tagging" and config is not None:
