@@ -11,7 +11,6 @@ from the roofline step time (`estimated_days`, `chip_hours`): a lower bound, sin
 leaves out input feeding, host work, collectives' latency and XLA's real schedule.
 """
 import argparse
-import io
 import json
 import os
 import sys
@@ -76,7 +75,9 @@ def main():
           config = config_for(size, seq, packing, args.batch, args.model_parallelism,
                               args.scan_layers, args.remat)
           config.model.kernels = kernel_choice
-          with redirect_stdout(io.StringIO()):   # the report's own summary
+          # The report's summary and the batch search's progress to stderr: stdout holds only
+          # the JSON lines.
+          with redirect_stdout(sys.stderr):
             report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
                                         args.find_max_batch)
           row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice,

@@ -15,3 +15,30 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 import jax  # noqa: E402
 
 assert jax.config.read("jax_disable_most_optimizations")
+
+import pytest  # noqa: E402
+
+
+class _FineTunedRuns:
+  """Quick fine-tuning runs of one random tiny encoder, by kind (tests/finetuning_fixtures.py
+  `fine_tune` kinds, plus "encoder": the checkpoint itself), each made on first use."""
+
+  def __init__(self, root: str):
+    from tests import finetuning_fixtures
+    self._fx = finetuning_fixtures
+    self._root = root
+    self._runs = {}
+
+  def __getitem__(self, kind: str) -> str:
+    if "encoder" not in self._runs:
+      self._runs["encoder"] = self._fx.write_checkpoint(os.path.join(self._root, "ckpt"))
+    if kind not in self._runs:
+      self._runs[kind] = self._fx.fine_tune(self._root, kind, self._runs["encoder"])
+    return self._runs[kind]
+
+
+@pytest.fixture(scope="session")
+def fine_tuned_runs(tmp_path_factory):
+  """Shared by the test files that need a fine-tuned model (prediction, export), so that a
+  pytest worker fine-tunes each kind once, not once per file. Tests must leave them as found."""
+  return _FineTunedRuns(str(tmp_path_factory.mktemp("fine_tuned")))

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from bert_jax.parallel import topologies
@@ -136,29 +138,71 @@ def test_scanned_layers_cost_is_the_unrolled_steps(compile_report, tmp_path):
       reports[False]["bytes_accessed_per_device"], rel=0.10)
 
 
-def test_max_batch_search_lands_on_the_boundary(compile_report, monkeypatch):
-  """The search against a stand-in compiler whose memory is affine in the batch with a step
-  (as when XLA changes a layout): the largest fitting batch, in a few compiles."""
-  unit, capacity = 4, 16 * 2 ** 30
-  memory = lambda batch: 2 ** 30 + batch * 37_000_000 + (2 ** 29 if batch > 900 else 0)
+def _search(compile_report, monkeypatch, memory, usable, missed_by_the_error=0,
+            says_usable=True):
+  """find_max_batch against a stand-in compiler: a batch fits when memory(batch) <= usable; a
+  failure reports what the compiler's error gives (required bytes, less `missed_by_the_error`,
+  and the usable bytes unless not `says_usable`; no memory analysis). Returns (the largest batch found, the largest that
+  fits, the batches compiled)."""
+  unit = 4
   compiled = []
 
   def report(self, global_batch, scanned_cost=True):
     del self, scanned_cost
     compiled.append(global_batch)
     total = memory(global_batch)
-    return {"fits": total <= capacity, "memory_per_device": {"total_bytes": total},
+    if total <= usable:
+      return {"fits": True, "memory_per_device": {"total_bytes": total},
+              "eval_step": {"fits": True}, "global_batch_size": global_batch}
+    return {"fits": False, "required_bytes": total - missed_by_the_error,
+            "available_bytes": usable if says_usable else None,
             "eval_step": {"fits": True}, "global_batch_size": global_batch}
 
   monkeypatch.setattr(compile_report._Compiler, "report", report)
   target = compile_report._Target(
       "v5litepod-4", topologies.parse("v5litepod-4"),
       type("Par", (), {"mesh": type("Mesh", (), {"shape": {"data": unit, "model": 1}})()})())
-  config = _tiny(global_batch_size=32)
-  best = compile_report.find_max_batch(config, target)
-  largest = max(b for b in range(unit, 4096, unit) if memory(b) <= capacity)
-  assert best["max_global_batch_size"] == largest
+  best = compile_report.find_max_batch(_tiny(global_batch_size=32), target)
+  largest = max(b for b in range(unit, 8192, unit) if memory(b) <= usable)
+  return best["max_global_batch_size"], largest, compiled
+
+
+def test_max_batch_search_lands_on_the_boundary(compile_report, monkeypatch):
+  """Memory affine in the batch with a step (as when XLA changes a layout): the largest
+  fitting batch, in a few compiles."""
+  memory = lambda batch: 2 ** 30 + batch * 37_000_000 + (2 ** 29 if batch > 900 else 0)
+  found, largest, compiled = _search(compile_report, monkeypatch, memory, 16 * 2 ** 30)
+  assert found == largest
   assert len(compiled) <= 8, compiled          # doubling then bisection would take ~14
+
+
+def test_max_batch_search_uses_the_hbm_the_compiler_calls_usable(compile_report, monkeypatch):
+  """As on v4: the compiler's usable HBM is below the chip's 16 GiB (here 15.75), so a line to
+  the chip's capacity overshoots; the search reads the usable figure from the first failure
+  (it used to step down one unit a compile: 18 compiles here). When a failure's figure
+  understates what it needed (below the usable HBM though it did not fit), it bisects."""
+  memory = lambda batch: 2 ** 30 + batch * 5_000_000
+  found, largest, compiled = _search(compile_report, monkeypatch, memory, int(15.75 * 2 ** 30))
+  assert found == largest and len(compiled) <= 6, compiled
+  found, largest, compiled = _search(compile_report, monkeypatch, memory, int(15.75 * 2 ** 30),
+                                     missed_by_the_error=2 ** 29)
+  assert found == largest and len(compiled) <= 6, compiled
+  # No usable figure: the line to the chip's 16 GiB says the failed batch fits, so it bisects
+  # (4 + log2 of the bracket's 549 units; stepping down one unit a compile took 18).
+  found, largest, compiled = _search(compile_report, monkeypatch, memory, int(15.75 * 2 ** 30),
+                                     says_usable=False)
+  assert found == largest and len(compiled) <= 14, compiled
+
+
+def test_an_out_of_memory_error_gives_required_and_usable_bytes(compile_report):
+  message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+             "temporaries (21.30G) exceeds available HBM (15.75G).\nmore")
+  args = jax.ShapeDtypeStruct((4, 1024), np.float32,
+                              sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  verdict = compile_report._out_of_memory(message, (args, {"b": args}))
+  assert verdict["required_bytes"] == int(21.30 * 2 ** 30) + 2 * 4 * 1024 * 4
+  assert verdict["available_bytes"] == int(15.75 * 2 ** 30)
+  assert verdict["error"].endswith("(15.75G).") and not verdict["fits"]
 
 
 def test_the_benchmark_table_pairs_each_search_and_phase_with_its_layer_form():

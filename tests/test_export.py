@@ -22,22 +22,12 @@ ATOL = 1e-4
 SHAPES = ((1, 7), (4, 16))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  root = str(tmp_path_factory.mktemp("export"))
-  checkpoint = fx.write_checkpoint(os.path.join(root, "ckpt"))
-  models = {kind: fx.fine_tune(root, kind, checkpoint)
-            for kind in ("mrpc", "ner", "squad", "swag")}
-  models["encoder"] = checkpoint
-  return models
-
-
-def _load(runs, name):
+def _load(fine_tuned_runs, name):
   """The servable of a run; "stsb" (regression) is the MRPC run's encoder with a one-output
   head, as an STS-B run would leave it (one fine-tuning run fewer: this file's time)."""
   if name != "stsb":
-    return serving.load(runs[name])
-  mrpc = serving.load(runs["mrpc"])
+    return serving.load(fine_tuned_runs[name])
+  mrpc = serving.load(fine_tuned_runs["mrpc"])
   model = finetuning.FineTuningModel(mrpc.bert_config, heads.ClassificationHead(num_labels=1))
   rng = np.random.default_rng(0)
   head = {"classifier": {
@@ -78,9 +68,9 @@ EXPECTED_OUTPUTS = {
 
 
 @pytest.mark.parametrize("name", ["mrpc", "ner", "squad", "swag", "encoder"])
-def test_saved_model_equals_bert_jax_at_any_batch_and_length(runs, tmp_path, name):
+def test_saved_model_equals_bert_jax_at_any_batch_and_length(fine_tuned_runs, tmp_path, name):
   import tensorflow as tf
-  servable = _load(runs, name)
+  servable = _load(fine_tuned_runs, name)
   output = str(tmp_path / "saved_model")
   serving.export_saved_model(servable, output)
 
@@ -115,8 +105,8 @@ def test_saved_model_equals_bert_jax_at_any_batch_and_length(runs, tmp_path, nam
   assert embedding.astype(np.float32).tobytes() not in graph
 
 
-def test_signature_json_says_how_to_make_the_inputs(runs, tmp_path):
-  servable = serving.load(runs["ner"])
+def test_signature_json_says_how_to_make_the_inputs(fine_tuned_runs, tmp_path):
+  servable = serving.load(fine_tuned_runs["ner"])
   output = str(tmp_path / "saved_model")
   description = serving.export_saved_model(servable, output)
   with open(os.path.join(output, "signature.json"), encoding="utf-8") as f:
@@ -135,7 +125,7 @@ def test_signature_json_says_how_to_make_the_inputs(runs, tmp_path):
   with open(os.path.join(output, "assets", "vocab.txt"), encoding="utf-8") as f:
     assert f.read().split("\n")[:len(fx.VOCAB)] == fx.VOCAB
 
-  # One module lowered for every platform: TensorFlow runs the lowering of its device.
+  # One module lowered for every platform: TensorFlow fine_tuned_runs the lowering of its device.
   from tensorflow.core.protobuf import saved_model_pb2
   saved = saved_model_pb2.SavedModel()
   with open(os.path.join(output, "saved_model.pb"), "rb") as f:
@@ -149,18 +139,18 @@ def test_signature_json_says_how_to_make_the_inputs(runs, tmp_path):
   assert "chlo.erf" in jax.jit(jax.lax.erf).lower(np.float32(0.5)).as_text()
 
 
-def test_export_cli_writes_a_saved_model(runs, tmp_path):
+def test_export_cli_writes_a_saved_model(fine_tuned_runs, tmp_path):
   import tensorflow as tf
   output = str(tmp_path / "cli")
   result = subprocess.run(
-      [sys.executable, "-m", "bert_jax.export", f"--model={runs['swag']}",
+      [sys.executable, "-m", "bert_jax.export", f"--model={fine_tuned_runs['swag']}",
        "--format=saved_model", f"--output={output}"],
       capture_output=True, text=True, cwd=ROOT, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert json.loads(result.stdout.strip().splitlines()[-1]) == {
       "output": output, "format": "saved_model", "kind": "multiple_choice",
       "outputs": ["logits", "probabilities"]}
-  servable = serving.load(os.path.join(runs["swag"], "best"))
+  servable = serving.load(os.path.join(fine_tuned_runs["swag"], "best"))
   inputs = _inputs(servable, 2, 11)
   got = tf.saved_model.load(output).signatures["serving_default"](
       **{k: tf.constant(v) for k, v in inputs.items()})
@@ -190,10 +180,10 @@ def _transformers():
     ("swag", "AutoModelForMultipleChoice", "BertForMultipleChoice"),
     ("encoder", "AutoModel", "BertModel"),
 ])
-def test_huggingface_export_equals_bert_jax(runs, tmp_path, name, auto_class, hf_class):
+def test_huggingface_export_equals_bert_jax(fine_tuned_runs, tmp_path, name, auto_class, hf_class):
   transformers = _transformers()
   import torch
-  servable = _load(runs, name)
+  servable = _load(fine_tuned_runs, name)
   output = str(tmp_path / "hf")
   serving.export_huggingface(servable, output)
   model, info = getattr(transformers, auto_class).from_pretrained(output,

@@ -9,17 +9,9 @@ import sys
 import pytest
 
 from bert_jax.tasks import fine_tuned, finetuning, glue, ner, prediction
-from tests import finetuning_fixtures as fx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "experiments", "fixtures")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  root = str(tmp_path_factory.mktemp("predict"))
-  checkpoint = fx.write_checkpoint(os.path.join(root, "ckpt"))
-  return {kind: fx.fine_tune(root, kind, checkpoint) for kind in ("mrpc", "stsb", "ner", "squad")}
 
 
 def _jsonl(path):
@@ -42,8 +34,9 @@ def _dev_predictions(workdir):
     return [line.rstrip("\n").split("\t")[1] for line in f][1:]
 
 
-def test_classification_equals_the_runs_dev_predictions_and_reports_bad_lines(runs, tmp_path):
-  workdir = runs["mrpc"]
+def test_classification_equals_the_runs_dev_predictions_and_reports_bad_lines(fine_tuned_runs,
+                                                                             tmp_path):
+  workdir = fine_tuned_runs["mrpc"]
   dev = glue.read_examples(glue.spec_for("mrpc"), fine_tuned.load(workdir).config.data, "dev")
   lines = [f"{e.text_a}\t{e.text_b}" for e in dev]
   # A line with one column (a pair task), a blank line (not an example) and invalid UTF-8.
@@ -61,8 +54,8 @@ def test_classification_equals_the_runs_dev_predictions_and_reports_bad_lines(ru
     assert o["probability"] == max(o["probabilities"].values())
 
 
-def test_chunks_and_batches_do_not_change_predictions(runs, tmp_path):
-  workdir = runs["mrpc"]
+def test_chunks_and_batches_do_not_change_predictions(fine_tuned_runs, tmp_path):
+  workdir = fine_tuned_runs["mrpc"]
   dev = glue.read_examples(glue.spec_for("mrpc"), fine_tuned.load(workdir).config.data, "dev")
   text = "".join(f"{e.text_a}\t{e.text_b}\n" for e in dev)
   _, whole, _ = _predict(workdir, tmp_path, text, name="a.txt")
@@ -73,8 +66,8 @@ def test_chunks_and_batches_do_not_change_predictions(runs, tmp_path):
     assert abs(a["probability"] - b["probability"]) < 1e-5
 
 
-def test_regression_from_json_lines(runs, tmp_path):
-  workdir = runs["stsb"]
+def test_regression_from_json_lines(fine_tuned_runs, tmp_path):
+  workdir = fine_tuned_runs["stsb"]
   dev = glue.read_examples(glue.spec_for("stsb"), fine_tuned.load(workdir).config.data, "dev")
   text = "".join(json.dumps({"id": f"q{i}", "text_a": e.text_a, "text_b": e.text_b}) + "\n"
                  for i, e in enumerate(dev)) + '{"text_a": "no pair"}\n[1, 2]\n'
@@ -85,8 +78,8 @@ def test_regression_from_json_lines(runs, tmp_path):
   assert [f"{o['score']:.3f}" for o in out] == _dev_predictions(workdir)
 
 
-def test_tagging_gives_one_tag_per_word_as_the_run_did(runs, tmp_path):
-  workdir = runs["ner"]
+def test_tagging_gives_one_tag_per_word_as_the_run_did(fine_tuned_runs, tmp_path):
+  workdir = fine_tuned_runs["ner"]
   sentences = ner.read_conll(os.path.join(FIXTURES, "conll2003_tiny.iob1"), "iob1")
   counts, out, _ = _predict(workdir, tmp_path, "".join(" ".join(s.words) + "\n"
                                                        for s in sentences))
@@ -100,8 +93,8 @@ def test_tagging_gives_one_tag_per_word_as_the_run_did(runs, tmp_path):
         ner.get_entities(o["tags"])
 
 
-def test_squad_json_answers_equal_the_runs_predictions(runs, tmp_path):
-  workdir = runs["squad"]
+def test_squad_json_answers_equal_the_runs_predictions(fine_tuned_runs, tmp_path):
+  workdir = fine_tuned_runs["squad"]
   fixture = os.path.join(FIXTURES, "squad_v1.1_tiny.json")
   target = tmp_path / "answers.jsonl"
   counts = prediction.predict_file(fine_tuned.load(workdir), fixture, str(target),
@@ -114,22 +107,23 @@ def test_squad_json_answers_equal_the_runs_predictions(runs, tmp_path):
   assert all(o["nbest"][0]["probability"] >= o["nbest"][-1]["probability"] for o in out)
 
 
-def test_cli_end_to_end_and_a_best_dir_without_task_config(runs, tmp_path):
+def test_cli_end_to_end_and_a_best_dir_without_task_config(fine_tuned_runs, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text("the cat sat\tthe dog ran\nbroken line\n", encoding="utf-8")
   target = tmp_path / "out.jsonl"
   result = subprocess.run(
-      [sys.executable, "-m", "bert_jax.predict", f"--model={runs['mrpc']}", f"--input={source}",
+      [sys.executable, "-m", "bert_jax.predict", f"--model={fine_tuned_runs['mrpc']}",
+       f"--input={source}",
        f"--output={target}", "--noprogress"], capture_output=True, text=True, cwd=ROOT,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "2 examples read: 1 predicted" in result.stdout and "1 skipped" in result.stdout
   assert f"{source}:2: expected 2 tab-separated columns" in result.stderr
   assert [o["line"] for o in _jsonl(target)] == [1]
-  best = os.path.join(runs["mrpc"], finetuning.BEST_DIR)
+  best = os.path.join(fine_tuned_runs["mrpc"], finetuning.BEST_DIR)
   os.rename(os.path.join(best, finetuning.TASK_CONFIG), str(tmp_path / "moved.json"))
   try:
     with pytest.raises(FileNotFoundError, match="task_config.json is missing"):
-      fine_tuned.load(runs["mrpc"])
+      fine_tuned.load(fine_tuned_runs["mrpc"])
   finally:
     os.rename(str(tmp_path / "moved.json"), os.path.join(best, finetuning.TASK_CONFIG))

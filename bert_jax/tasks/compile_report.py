@@ -20,10 +20,12 @@ shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, throug
   roofline_step_seconds (max of compute and memory time per device), estimated_mfu,
   eval_step {compile_seconds, memory_per_device, fits}
 
-A step that does not fit is a report with `fits: false` (the compiler's out-of-memory error says
-how much it needed), not a crash. `--find_max_batch` searches the largest global batch that
-fits (in multiples of the data axis and `grad_accum_steps`), extrapolating the memory of the
-batches compiled so far to the chip's HBM and checking the boundary with real compiles.
+A step that does not fit is a report with `fits: false`, not a crash: `required_bytes` (the
+temporaries the compiler's out-of-memory error names, plus the arguments), `available_bytes`
+(the HBM the compiler calls usable, a little less than the chip's) and `over_by_bytes` (their
+difference). `--find_max_batch` searches the largest global batch that fits (in multiples of
+the data axis and `grad_accum_steps`), extrapolating the memory of the batches compiled so far
+to the usable HBM and checking the boundary with real compiles.
 
 With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the FLOPs and bytes
 (and so the roofline) then come from the same step unrolled at 1 and 2 layers, extrapolated to
@@ -89,10 +91,28 @@ def _memory(compiled) -> Dict[str, int]:
   return {k: int(v) for k, v in memory.items()}
 
 
-def _required_bytes(message: str) -> Optional[int]:
-  """What an out-of-memory error says the program needed ('... required ... (1.53T) exceeds')."""
-  match = re.search(r"\(([\d.]+)([KMGTP]?)\)\s*exceeds", message)
+def _bytes_in(message: str, pattern: str) -> Optional[int]:
+  """A size such as '(21.30G)' that follows `pattern` in a compiler message, in bytes."""
+  match = re.search(pattern + r"\s*\(([\d.]+)([KMGTP]?)\)", message)
   return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else None
+
+
+def _argument_bytes(args) -> int:
+  """Per-device bytes of abstract, sharded arguments (state, batch, rng): one shard of each."""
+  return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+                 for x in jax.tree_util.tree_leaves(args)))
+
+
+def _out_of_memory(message: str, args) -> Dict[str, Any]:
+  """The verdict of an out-of-memory compile. The compiler's message ('the total memory
+  required for HLO temporaries (21.30G) exceeds available HBM (15.75G)') counts temporaries
+  only, so the arguments' bytes are added to compare with a compiled step's `total_bytes`; the
+  HBM it calls available (less than the chip's, e.g. 15.75 of 16 GiB on v5e) is what a step
+  must fit in."""
+  temporaries = _bytes_in(message, r"required[^(]*")
+  return {"fits": False, "error": message.splitlines()[0][:500],
+          "required_bytes": temporaries and temporaries + _argument_bytes(args),
+          "available_bytes": _bytes_in(message, r"available HBM")}
 
 
 def _compile(function, args) -> Dict[str, Any]:
@@ -105,8 +125,7 @@ def _compile(function, args) -> Dict[str, Any]:
     message = str(e)
     if "RESOURCE_EXHAUSTED" not in message and "HBM" not in message:
       raise
-    return {"compile_seconds": round(time.time() - start, 2), "fits": False,
-            "error": message.splitlines()[0][:500], "required_bytes": _required_bytes(message)}
+    return {"compile_seconds": round(time.time() - start, 2), **_out_of_memory(message, args)}
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return {"compile_seconds": round(time.time() - start, 2), "memory_per_device": _memory(compiled),
@@ -335,27 +354,35 @@ def _verdict(result: Dict[str, Any], generation) -> Dict[str, Any]:
   total = _total_bytes(result)
   if "fits" not in verdict:
     verdict["fits"] = total <= generation.hbm_bytes
-  verdict["over_by_bytes"] = max(0, (total or 0) - generation.hbm_bytes) if total else None
+  capacity = result.get("available_bytes") or generation.hbm_bytes
+  verdict["over_by_bytes"] = max(0, (total or 0) - capacity) if total else None
   return verdict
 
 
 def _total_bytes(result: Dict[str, Any]) -> Optional[int]:
-  """Per-device bytes of a compiled step, or what an out-of-memory error said it needed."""
+  """Per-device bytes of a compiled step, or what an out-of-memory error said it needed (plus
+  the arguments)."""
   return (result["memory_per_device"]["total_bytes"] if "memory_per_device" in result
           else result.get("required_bytes"))
 
 
 def _next_guess(measured: Dict[int, int], low: int, high: Optional[int], capacity: int) -> int:
-  """The next batch (in units) to compile: where the line through the two measured batches
-  nearest the boundary reaches `capacity`, kept strictly inside (low, high); doubling or
-  bisection when there is no line yet. Memory grows about linearly with the batch
-  (activations), so this usually lands on the boundary in one or two compiles."""
-  near = sorted(measured, key=lambda n: (abs(n - low), n))[:2] if len(measured) >= 2 else []
+  """The next batch (in units) to compile: where a line through two measured batches reaches
+  `capacity`; doubling or bisection when there is no line yet. Memory grows about linearly with
+  the batch (activations), so this usually lands on the boundary in one or two compiles. The
+  line goes through the two largest batches that fitted (their figures are the compiler's
+  memory analysis; an out-of-memory error's is an estimate), or the two nearest the boundary
+  while fewer fitted. Bisection when the line says the failed batch `high` fits: `capacity` is
+  then wrong, and the line would creep down the bracket one unit a compile (as on v4 before the
+  usable HBM was read from the error)."""
+  fitted = sorted(n for n in measured if n <= low)[-2:]
+  points = fitted if len(fitted) == 2 else sorted(
+      sorted(measured, key=lambda n: (abs(n - low), n))[:2])
   guess = None
-  if len(near) == 2 and near[0] != near[1]:
-    (n0, m0), (n1, m1) = sorted((n, measured[n]) for n in near)
+  if len(points) == 2:
+    (n0, m0), (n1, m1) = ((n, measured[n]) for n in points)
     slope = (m1 - m0) / (n1 - n0)
-    if slope > 0:
+    if slope > 0 and (high is None or m0 + (high - n0) * slope > capacity):
       guess = int(n0 + (capacity - m0) // slope)
   ceiling = high - 1 if high is not None else max(2 * low, 1) * 8
   if guess is None:
@@ -370,7 +397,7 @@ def find_max_batch(config, target: _Target) -> Dict[str, Any]:
   that does not fit bracket it. The evaluation step (whose batch is fixed) is compiled once."""
   unit = target.par.mesh.shape[sharding.DATA_AXIS] * config.grad_accum_steps
   compiler = _Compiler(config, target)
-  capacity = target.spec.generation.hbm_bytes
+  capacity = target.spec.generation.hbm_bytes   # lowered to what the compiler says is usable
   measured: Dict[int, int] = {}   # units -> bytes per device (compiled, or the OOM's figure)
   low, high, best = 0, None, None
   units = max(1, config.global_batch_size // unit)
@@ -382,8 +409,10 @@ def find_max_batch(config, target: _Target) -> Dict[str, Any]:
     total = _total_bytes(report)
     if total:
       measured[units] = total
+    capacity = min(capacity, report.get("available_bytes") or capacity)
     print(f"  global batch {units * unit}: {'fits' if report['fits'] else 'does not fit'}"
-          + (f" ({total / 2 ** 30:.2f} GiB per device)" if total else ""), flush=True)
+          + (f" ({total / 2 ** 30:.2f} GiB per device)" if total
+             else f": {report.get('error', '')}"), flush=True)
     if report["fits"]:
       low, best = units, report
     else:
@@ -411,8 +440,9 @@ def summary(report: Dict[str, Any]) -> str:
                  f"(arguments {gib(memory['argument_bytes'])}, temporaries "
                  f"{gib(memory['temp_bytes'])}) -> {'fits' if report['fits'] else 'DOES NOT FIT'}")
   else:
+    usable = report.get("available_bytes") or report["device_memory_bytes"]
     lines.append(f"  train step DOES NOT FIT: needs {gib(report.get('required_bytes'))} per "
-                 f"device of {gib(report['device_memory_bytes'])} ({report.get('error', '')})")
+                 f"device of {gib(usable)} usable ({report.get('error', '')})")
   if "roofline_step_seconds" in report:
     lines.append(f"  {report['flops_per_step']:.3g} FLOPs per step (XLA; analytic "
                  f"{report['model_flops_per_step']:.3g}); roofline "
