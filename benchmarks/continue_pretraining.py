@@ -107,13 +107,14 @@ def report(args):
   if rows:
     metrics = sorted(rows[0][1][0])
     lines += ["", "| fine-tuned from | seeds | " + " | ".join(
-        f"{args.task} dev {m}: mean ± std (per seed)" for m in metrics) + " |",
+        f"{args.task} dev {m}: mean ± sample std (per seed)" for m in metrics) + " |",
               "|---|---|" + "---|" * len(metrics)]
     for name, dev in rows:
       cells = []
       for m in metrics:
         values = np.array([d[m] for d in dev])
-        cells.append(f"{values.mean():.4f} ± {values.std():.4f} ("
+        spread = values.std(ddof=1) if len(values) > 1 else 0.0
+        cells.append(f"{values.mean():.4f} ± {spread:.4f} ("
                      + ", ".join(f"{v:.4f}" for v in values) + ")")
       lines.append(f"| {name} | {len(dev)} | " + " | ".join(cells) + " |")
   table = "\n".join(lines)
