@@ -9,7 +9,7 @@ import contextlib
 import os
 import platform
 import time
-from typing import Callable, Dict, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Sequence, Tuple
 
 import numpy as np
 
@@ -58,6 +58,14 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
   sec = interleaved_best({"matmul": lambda: f(a).block_until_ready()}, rounds=3,
                          steps=steps)["matmul"]
   return 2 * n ** 3 / sec
+
+
+def seed_spread(values: Sequence[float]) -> dict:
+  """Mean and sample standard deviation (ddof=1: a few seeds are a sample) with min, max, n."""
+  values = np.asarray(values, np.float64)
+  return dict(mean=float(values.mean()),
+              std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+              min=float(values.min()), max=float(values.max()), n=int(len(values)))
 
 
 def machine_line() -> str:

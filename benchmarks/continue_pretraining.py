@@ -28,9 +28,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import bench_util  # noqa: E402
 RUNS = ("domain", "general")
 
 
@@ -112,9 +113,9 @@ def report(args):
     for name, dev in rows:
       cells = []
       for m in metrics:
-        values = np.array([d[m] for d in dev])
-        spread = values.std(ddof=1) if len(values) > 1 else 0.0
-        cells.append(f"{values.mean():.4f} ± {spread:.4f} ("
+        values = [d[m] for d in dev]
+        spread = bench_util.seed_spread(values)
+        cells.append(f"{spread['mean']:.4f} ± {spread['std']:.4f} ("
                      + ", ".join(f"{v:.4f}" for v in values) + ")")
       lines.append(f"| {name} | {len(dev)} | " + " | ".join(cells) + " |")
   table = "\n".join(lines)

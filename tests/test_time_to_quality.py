@@ -135,3 +135,10 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
     assert json.load(f)["pretraining"]["transformers"]["steps"] == 4
   if importlib.util.find_spec("matplotlib") is not None:
     assert os.path.getsize(plot) > 0
+
+
+def test_last_within_picks_the_last_evaluation_inside_the_budget():
+  curve = [dict(seconds=s, mlm_loss=10.0 - s / 100) for s in (100.0, 3500.0, 3600.0, 3700.0)]
+  assert ttq.last_within(curve, 3600.0)["seconds"] == 3600.0
+  assert ttq.last_within(curve, 3599.0)["seconds"] == 3500.0
+  assert ttq.last_within(curve, 50.0) is None
