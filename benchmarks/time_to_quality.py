@@ -1030,13 +1030,23 @@ def _pm(s: dict) -> str:
   return f"{s['mean']:.1f} +- {s['std']:.1f}"
 
 
+def describe_documents(documents: Dict[str, Dict[str, int]]) -> str:
+  """'training: 1,083 book + 2,112 Python-docs documents, 1,434,218 words; held out: ...'."""
+  parts = []
+  for split, label in (("train", "training"), ("eval", "held out")):
+    counts = documents.get(split, {})
+    parts.append(f"{label}: {counts.get('text', 0):,} book + {counts.get('python_docs', 0):,} "
+                 f"Python-docs documents, {counts.get('words', 0):,} words")
+  return "; ".join(parts)
+
+
 def report(args) -> dict:
   """OUT/time_to_quality.md and .json, and the plot, from whatever stages have finished."""
   from bert_jax.tasks import glue
   info = read_data_info(args.out)
   sides = {side: read_side(args, side) for side in SIDES}
   finetuned = collect_finetune(args)
-  lines = [f"Corpus: {info['documents']}; vocabulary {info['vocab_size']} (WordPiece, uncased); "
+  lines = [f"Corpus: {describe_documents(info['documents'])}; vocabulary {info['vocab_size']} (WordPiece, uncased); "
            f"{info['instances']['train']:,} training instances (dupe factor "
            f"{info['settings']['dupe_factor']}, mean length {info['mean_train_length']:.0f}), "
            f"held-out set {info['eval_sequences']} sequences / {info['eval_masked_tokens']} "
