@@ -36,7 +36,9 @@ class Generation:
 
 GENERATIONS = {
     "v4": Generation("v4", "TPU v4", "megacore", 3, 2, 32 * GIB, 275e12, 1228e9),
-    "v5p": Generation("v5", "TPU v5", "megacore", 3, 2, 95 * 10 ** 9, 459e12, 2765e9),
+    # Published as "95 GB", in the binary unit of v5e's "16 GB" and v4's 32 GiB: the compiler
+    # calls 95.74 GiB of a v5p chip usable (15.75 of 16 on v5e, 30.75 of 32 on v4).
+    "v5p": Generation("v5", "TPU v5", "megacore", 3, 2, 95 * GIB, 459e12, 2765e9),
     "v5e": Generation("v5e", "TPU v5 lite", "default", 2, 1, 16 * GIB, 197e12, 819e9),
     "v6e": Generation("v6e", "TPU v6 lite", "default", 2, 1, 32 * GIB, 918e12, 1640e9),
 }
