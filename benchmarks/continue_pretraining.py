@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import bench_util  # noqa: E402
+
 RUNS = ("domain", "general")
 
 

@@ -978,7 +978,7 @@ def average_scores(per_task: Dict[str, dict]) -> List[float]:
 
 def last_within(curve: Sequence[dict], budget_seconds: float) -> Optional[dict]:
   """The last held-out evaluation at or before the budget. A side's steps come from a short
-  calibration, and its sustained rate can differ (bert_jax's first run: 0.62 steps/s sustained
+  calibration, and its sustained rate can differ (bert_jax's first run: 0.64 steps/s sustained
   against 0.72 calibrated, 67 minutes instead of 60): this column compares both at the budget."""
   inside = [row for row in curve if row["seconds"] <= budget_seconds]
   return inside[-1] if inside else None
@@ -1046,7 +1046,8 @@ def report(args) -> dict:
   info = read_data_info(args.out)
   sides = {side: read_side(args, side) for side in SIDES}
   finetuned = collect_finetune(args)
-  lines = [f"Corpus: {describe_documents(info['documents'])}; vocabulary {info['vocab_size']} (WordPiece, uncased); "
+  lines = [f"Corpus: {describe_documents(info['documents'])}; vocabulary {info['vocab_size']} "
+           "(WordPiece, uncased); "
            f"{info['instances']['train']:,} training instances (dupe factor "
            f"{info['settings']['dupe_factor']}, mean length {info['mean_train_length']:.0f}), "
            f"held-out set {info['eval_sequences']} sequences / {info['eval_masked_tokens']} "
@@ -1096,8 +1097,8 @@ def report(args) -> dict:
                    f"{entries['transformers']['seconds'] / 60:.0f} |")
     complete = [t for t in tasks if t in table]
     if complete:
-      averages = {side: bench_util.seed_spread(average_scores({t: finetuned[side][t] for t in complete}))
-                  for side in SIDES}
+      averages = {side: bench_util.seed_spread(
+          average_scores({t: finetuned[side][t] for t in complete})) for side in SIDES}
       lines.append(f"| **average** | {len(complete)} tasks | **{_pm(averages['bert_jax'])}** | "
                    f"**{_pm(averages['transformers'])}** | "
                    f"**{averages['bert_jax']['mean'] - averages['transformers']['mean']:+.1f}**"
