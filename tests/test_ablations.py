@@ -3,6 +3,8 @@ an interrupted study continues without redoing finished work."""
 import json
 import os
 
+import pytest
+
 from bert_jax import tasks
 from bert_jax.tasks import ablations
 from experiments import ablations as experiment
@@ -36,6 +38,8 @@ def test_quick_study_writes_the_table_and_resumes(tmp_path):
   for name, result in results.items():
     scores = result["glue"]["mrpc"]["scores"]
     assert len(scores) == 2 and all(0 <= s <= 100 for s in scores)
+    # The spread is the sample std of the seeds' scores (two seeds: half their distance x sqrt 2).
+    assert result["glue"]["mrpc"]["std"] == pytest.approx(abs(scores[0] - scores[1]) / 2 ** 0.5)
     assert 0 <= result["pretraining_eval"]["mlm_accuracy"] <= 1
     # The C.2 variants (and BERT itself) get the NER probe; the LTR model does not.
     assert ("ner_feature_based_f1" in result) == (name != "ltr_no_nsp")

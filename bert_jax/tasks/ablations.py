@@ -94,7 +94,9 @@ def _glue_scores(results: Dict[str, Dict]) -> Dict[str, Dict[str, Any]]:
     spec = glue.spec_for(name)
     runs = result.get("seeds") or {str(result.get("seed", 0)): result}
     scores = [glue.task_score(run["dev"], spec) for run in runs.values()]
-    out[name] = {"scores": scores, "mean": float(np.mean(scores)), "std": float(np.std(scores))}
+    # Sample std (ddof=1): three seeds are a sample of the fine-tuning noise, not all of it.
+    std = float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0
+    out[name] = {"scores": scores, "mean": float(np.mean(scores)), "std": std}
   return out
 
 
@@ -149,7 +151,7 @@ def results_table(results: Dict[str, Dict], seeds: int) -> str:
     paper = {**PAPER_TABLE5.get(name, {}), **PAPER_C2.get(name, {})}
     cells.append("; ".join(f"{k} {v}" for k, v in paper.items()))
     lines.append("| " + " | ".join(cells) + " |")
-  lines.append(f"\nGLUE dev scores x100 (the leaderboard's per-task score), mean +- std over "
+  lines.append(f"\nGLUE dev scores x100 (the leaderboard's per-task score), mean +- sample std over "
                f"{seeds} fine-tuning seed(s); one pre-training run per variant.")
   return "\n".join(lines)
 
