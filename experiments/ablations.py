@@ -16,6 +16,11 @@ with `--config.ner_probe.enabled=False`.
 Training sets are cut to their first 8,000 examples (SST-2 is the only one that is longer) so a
 2-core CPU can fine-tune 8 variants x 4 tasks x 3 seeds.
 `:quick` runs two variants for a few steps on the test fixtures' data (the tests use it).
+
+Measured (benchmarks/RESULTS.md, "The paper's ablations at small scale"): ~20 minutes per variant
+alone on a 2-core CPU. At the demo's peak learning rate (2e-3) the mixtures that keep no token
+unchanged (100/0/0, 80/0/20) stay on the unigram plateau, so the C.2 rows need a lower rate
+(`--config.pretraining.learning_rate=...`, a fresh workdir; which one is not measured yet).
 """
 import ml_collections
 
