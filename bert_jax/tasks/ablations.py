@@ -151,8 +151,8 @@ def results_table(results: Dict[str, Dict], seeds: int) -> str:
     paper = {**PAPER_TABLE5.get(name, {}), **PAPER_C2.get(name, {})}
     cells.append("; ".join(f"{k} {v}" for k, v in paper.items()))
     lines.append("| " + " | ".join(cells) + " |")
-  lines.append(f"\nGLUE dev scores x100 (the leaderboard's per-task score), mean +- sample std over "
-               f"{seeds} fine-tuning seed(s); one pre-training run per variant.")
+  lines.append(f"\nGLUE dev scores x100 (the leaderboard's per-task score), mean +- sample std "
+               f"over {seeds} fine-tuning seed(s); one pre-training run per variant.")
   return "\n".join(lines)
 
 
