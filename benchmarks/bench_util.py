@@ -61,11 +61,10 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
 
 
 def seed_spread(values: Sequence[float]) -> dict:
-  """Mean and sample standard deviation (ddof=1: a few seeds are a sample) with min, max, n."""
-  values = np.asarray(values, np.float64)
-  return dict(mean=float(values.mean()),
-              std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
-              min=float(values.min()), max=float(values.max()), n=int(len(values)))
+  """`bert_jax.tasks.finetuning.seed_spread` (mean, sample std, min, max, n), the one every seed
+  summary uses; imported when called so that a peer's process does not load JAX for it."""
+  from bert_jax.tasks import finetuning
+  return finetuning.seed_spread(values)
 
 
 def machine_line() -> str:

@@ -401,9 +401,7 @@ def seed_stats(curves: Dict[str, List[np.ndarray]], windows: Sequence[int],
     row = dict(steps=f"{start + 1}-{end}", start=start, end=end)
     for side, runs in stacked.items():
       values = runs[:, start:end].mean(axis=1)                               # [seeds]
-      row[side] = dict(mean=float(values.mean()), std=float(values.std(ddof=1)),
-                       min=float(values.min()), max=float(values.max()),
-                       values=values.tolist())
+      row[side] = dict(bench_util.seed_spread(values), values=values.tolist())
     a, b = row["bert_jax"], row["torch"]
     se = np.sqrt(a["std"] ** 2 / len(a["values"]) + b["std"] ** 2 / len(b["values"]))
     row.update(diff=a["mean"] - b["mean"], two_se=float(2 * se),

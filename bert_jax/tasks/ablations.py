@@ -94,9 +94,8 @@ def _glue_scores(results: Dict[str, Dict]) -> Dict[str, Dict[str, Any]]:
     spec = glue.spec_for(name)
     runs = result.get("seeds") or {str(result.get("seed", 0)): result}
     scores = [glue.task_score(run["dev"], spec) for run in runs.values()]
-    # Sample std (ddof=1): three seeds are a sample of the fine-tuning noise, not all of it.
-    std = float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0
-    out[name] = {"scores": scores, "mean": float(np.mean(scores)), "std": std}
+    spread = finetuning.seed_spread(scores)
+    out[name] = {"scores": scores, "mean": spread["mean"], "std": spread["std"]}
   return out
 
 

@@ -752,10 +752,20 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
 # ----------------------------------------------------------------------------------- restarts
 
 
+def seed_spread(values: Sequence[float]) -> Dict[str, float]:
+  """Mean and sample standard deviation (ddof=1: a few seeds are a sample of the run-to-run
+  noise, not all of it; 0 for one value), with min, max and n. Every seed summary uses it."""
+  values = np.asarray(values, np.float64)
+  return dict(mean=float(values.mean()),
+              std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+              min=float(values.min()), max=float(values.max()), n=int(len(values)))
+
+
 def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
                    config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
   """`config.seeds` restarts (seed, seed+1, ...) in WORKDIR/seed_<s>; the best one's files are
-  copied to WORKDIR and results.json gets {"seeds": {...}, "summary": {metric: mean/std/best}}.
+  copied to WORKDIR and results.json gets {"seeds": {...}, "summary": {metric:
+  mean/std/min/max/n/best/values}} (std: the sample standard deviation, `seed_spread`).
 
   With seeds=1 the run goes straight into WORKDIR (no sub-directory)."""
   count = int(config.get("seeds", 1))
@@ -780,9 +790,9 @@ def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
   for split in (k for k, v in first.items() if isinstance(v, dict)):
     for name in (n for n in first[split] if n != "loss"):
       values = np.array([runs[s][split][name] for s in runs], np.float64)
-      summary[f"{split}/{name}"] = {"mean": float(values.mean()), "std": float(values.std()),
-                                    "best": float(values.max() if higher else values.min()),
-                                    "values": values.tolist()}
+      summary[f"{split}/{name}"] = dict(seed_spread(values),
+                                        best=float(values.max() if higher else values.min()),
+                                        values=values.tolist())
   for name in runs[best_seed]["files"]:
     source = filesystem.join(workdir, f"seed_{best_seed}", name)
     if outputs.is_writer() and filesystem.exists(source):
