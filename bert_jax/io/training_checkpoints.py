@@ -154,8 +154,13 @@ def _on_this_process(state_directory: str):
   A checkpoint records the device mesh that wrote it (e.g. 2 hosts); restoring it in another
   topology (one process exporting a pod run, or fine-tuning from it) needs an explicit target.
   """
-  with ocp.StandardCheckpointer() as reader:
-    saved = reader.metadata(state_directory).item_metadata.tree
+  # The item's own handler reads the item folder; a whole checkpointer would also look there
+  # for the step's metadata file (which the manager writes one folder up) and warn it is missing.
+  reader = ocp.StandardCheckpointHandler()
+  try:
+    saved = reader.metadata(epath.Path(state_directory)).tree
+  finally:
+    reader.close()
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree_util.tree_map(
       lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
