@@ -41,6 +41,14 @@ def test_quick_study_writes_the_table_and_resumes(tmp_path):
     # The spread is the sample std of the seeds' scores (two seeds: half their distance x sqrt 2).
     assert result["glue"]["mrpc"]["std"] == pytest.approx(abs(scores[0] - scores[1]) / 2 ** 0.5)
     assert 0 <= result["pretraining_eval"]["mlm_accuracy"] <= 1
+    # MLM variants are also scored on one masking for all (every target [MASK]): the evaluation
+    # of the final checkpoint, logged as step 0 of its own workdir.
+    if name == "ltr_no_nsp":
+      assert "common_masking_eval" not in result
+    else:
+      common = result["common_masking_eval"]
+      assert common["step"] == 0 and 0 <= common["mlm_accuracy"] <= 1
+      assert common["mlm_loss"] != result["pretraining_eval"]["mlm_loss"]  # other targets
     # The C.2 variants (and BERT itself) get the NER probe; the LTR model does not.
     assert ("ner_feature_based_f1" in result) == (name != "ltr_no_nsp")
   # The LTR variant was fine-tuned left to right, as it was pre-trained.
@@ -48,7 +56,7 @@ def test_quick_study_writes_the_table_and_resumes(tmp_path):
   assert ltr_glue["init_checkpoint"].endswith(os.path.join("ltr_no_nsp", "pretraining"))
   table = (workdir / "ablations.md").read_text()
   assert "| mlm_nsp |" in table and "MRPC 86.7" in table and "NER feature-based 94.0" not in table
-  assert "(next token)" in table
+  assert "(next token)" in table and "held-out MLM acc, all [MASK]" in table
 
   # Same command again: everything is read back, nothing is trained again.
   metrics = (workdir / "mlm_nsp" / "pretraining" / "metrics.jsonl").read_text()
