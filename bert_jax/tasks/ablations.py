@@ -94,8 +94,7 @@ def _last_eval(workdir: str) -> Dict[str, float]:
 def _common_masking_eval(pre_config, pre_dir: str, workdir: str) -> Dict[str, float]:
   """The pre-trained model's held-out metrics under COMMON_MASKING (no training: an evaluation
   of the final checkpoint, logged as step 0 in WORKDIR/metrics.jsonl and read back after)."""
-  done = _last_eval(workdir) if filesystem.exists(
-      filesystem.join(workdir, "metrics.jsonl")) else {}
+  done = _last_eval(workdir)  # {} until it ran (read_metrics: no file, no records)
   if done:
     return done
   c = ml_collections.ConfigDict(pre_config.to_dict())
@@ -158,7 +157,8 @@ def results_table(results: Dict[str, Dict], seeds: int) -> str:
   tasks = sorted({t for r in results.values() for t in r.get("glue", {})})
   probe = any("ner_feature_based_f1" in r for r in results.values())
   head = (["variant", "held-out MLM acc", "held-out MLM acc, all [MASK]"]
-          + [glue.spec_for(t).folder for t in tasks] + ["GLUE avg"] + (["NER feature-based F1"] if probe else []) + ["paper (dev)"])
+          + [glue.spec_for(t).folder for t in tasks] + ["GLUE avg"]
+          + (["NER feature-based F1"] if probe else []) + ["paper (dev)"])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, r in results.items():
     mlm = r["pretraining_eval"].get("mlm_accuracy")
