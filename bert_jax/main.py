@@ -7,7 +7,11 @@ import os
 import sys
 import traceback
 
-from bert_jax.runtime import host_memory
+from bert_jax.runtime import cluster, host_memory
+
+# A parent process that loaded libtpu leaves its placeholder text in the TPU variables: gone
+# before anything (this module, jax, libtpu) reads them (bert_jax/runtime/cluster.py).
+cluster.scrub_placeholders()
 
 # Before any library starts a thread: each step's host temporaries are then reused, not faulted
 # in again (see bert_jax/host_memory.py; BERT_JAX_KEEP_HOST_MEMORY=0 turns it off).
@@ -49,10 +53,11 @@ def main(argv):
   import tensorflow as tf
   tf.config.set_visible_devices([], "GPU")
   import jax
-  if _COORDINATOR.value or _NUM_PROCESSES.value:
+  mode = cluster.multihost_mode(flags_given=bool(_COORDINATOR.value or _NUM_PROCESSES.value))
+  if mode == "flags":
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID"):
+  elif mode == "tpu_pod":
     jax.distributed.initialize()  # TPU VM pod slices configure themselves
   prng_impl = _CONFIG.value.get("prng_impl", "")
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams

@@ -5,6 +5,8 @@ tasks (and the other way round).
 """
 import importlib
 
+from bert_jax.runtime import environment
+
 # config.task -> (module, function(config, workdir))
 RUNNERS = {
     "pretraining": ("bert_jax.tasks.pretraining", "train_and_evaluate"),
@@ -23,4 +25,5 @@ def run(config, workdir):
   if task not in RUNNERS:
     raise ValueError(f"config.task={task!r}: expected one of {sorted(RUNNERS)}")
   module, function = RUNNERS[task]
+  environment.record(workdir)  # what the numbers depend on beyond the config
   return getattr(importlib.import_module(module), function)(config, workdir)
