@@ -22,12 +22,12 @@ metrics are those of the unpacked data and comparable across runs with and witho
 import atexit
 import re
 import weakref
-from typing import Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
-from bert_jax.io import filesystem
+from bert_jax.io import filesystem, training_checkpoints
 from data_pipelines import features as F
 from data_pipelines import masking as M
 from data_pipelines import packing as P
@@ -221,15 +221,26 @@ class DataLossError(ValueError):
 class PipelineIterator:
   """Iterator over numpy batches whose position can be saved and restored exactly.
 
+  `dataset`: the pipeline, or a function that builds it. Give the function where the position
+  must survive a failed restore: a second iteration of one dataset object reshuffles
+  differently (`reshuffle_each_iteration`), while a rebuilt pipeline starts exactly as the first.
   `source` (the files, e.g. `config.data.input_files`) names the input in errors: tf.data's
   "corrupted record at 4032" says neither which file nor which run.
   """
 
-  def __init__(self, dataset: tf.data.Dataset, source: str = ""):
+  def __init__(self, dataset: Union[tf.data.Dataset, Callable[[], tf.data.Dataset]],
+               source: str = ""):
+    self._dataset = dataset
     self._source = source
+    self._start()
+    _LIVE_ITERATORS.add(self)
+
+  def _start(self) -> None:
+    """A fresh iterator at the first batch (also after a failed restore, which leaves tf.data's
+    iterator at its end: every next() would raise StopIteration)."""
+    dataset = self._dataset() if callable(self._dataset) else self._dataset
     self._iterator = iter(dataset)
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
-    _LIVE_ITERATORS.add(self)
 
   def close(self) -> None:
     """Stops the background threads (the iterator is unusable afterwards)."""
@@ -248,15 +259,34 @@ class PipelineIterator:
           "corrupted, or was rewritten while this run read it. `python -m "
           f"data_pipelines.check_records --input_files='{files}'` names the file.") from None
 
+  def skip(self, batches: int) -> None:
+    """Moves `batches` batches ahead from the current position (a replay: every batch is read
+    and discarded, so the position is exact, as the pipeline is deterministic)."""
+    for _ in range(batches):
+      next(self._iterator)
+
   def save(self, directory: str) -> None:
     filesystem.makedirs(directory)
     self._checkpoint.write(filesystem.join(directory, "iterator"))  # takes gs:// URLs too
 
   def restore(self, directory: str) -> None:
+    """The position saved in `directory`. tf.data saves the whole input pipeline with it,
+    absolute file paths included, and restores that pipeline rather than this one: once the
+    files moved (a workdir copied elsewhere), `InputMovedError` says so, and this iterator is
+    left at its first batch for the caller to replay to the position."""
     prefix = filesystem.join(directory, "iterator")
     if not tf.io.gfile.glob(prefix + "*"):
       raise FileNotFoundError(f"No input-pipeline state at {prefix}")
-    self._checkpoint.read(prefix).assert_consumed()
+    try:
+      self._checkpoint.read(prefix).assert_consumed()
+    except tf.errors.NotFoundError as e:
+      self._start()
+      raise training_checkpoints.InputMovedError(
+          f"The input position saved in {prefix} reads files that are no longer there "
+          f"({tf_error_reason(e)})") from None
+    except Exception:
+      self._start()
+      raise
 
 
 # Packing runs Python (tf.numpy_function) on tf.data's threads. An iterator still alive when the

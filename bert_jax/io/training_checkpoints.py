@@ -22,6 +22,11 @@ from bert_jax.io import filesystem
 BERT_CONFIG = "bert_config.json"
 
 
+class InputMovedError(FileNotFoundError):
+  """A checkpoint's saved input position names input files that are gone (the workdir, or the
+  data, was moved or copied): the checkpoint itself is good."""
+
+
 class DataIteratorHandler(ocp.CheckpointHandler):
   """Saves a `PipelineIterator` (tf.data iterator state) of each process in the step directory."""
 
@@ -112,6 +117,9 @@ class TrainingCheckpointer:
     """(step, state) of the newest readable checkpoint, or (None, None) if there is none.
 
     `abstract_state` gives the tree structure, shapes, dtypes and shardings to restore into.
+    `iterator` (one batch per step) is put at the checkpoint's input position: from the saved
+    position, or, where that names input files that moved (`InputMovedError`: a copied
+    workdir), by replaying the pipeline to the step.
     """
     while True:
       step = self._manager.latest_step()
@@ -124,7 +132,16 @@ class TrainingCheckpointer:
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         return step, restored["state"]
       except Exception as e:  # pylint: disable=broad-except
-        self._set_aside(step, e)
+        moved = _cause(e, InputMovedError)
+        if moved is None:
+          self._set_aside(step, e)
+          continue
+      state = self._manager.restore(step, args=ocp.args.Composite(state=items["state"]))
+      print(f"{moved}. The checkpoint at step {step} is good: its state is restored and the "
+            f"input position replayed from the files as configured now ({step} batches).",
+            flush=True)
+      iterator.skip(step)
+      return step, state["state"]
 
   def restore_params(self, step: int):
     """The parameters saved at `step`, as host-side arrays on this process's first device,
@@ -146,6 +163,18 @@ class TrainingCheckpointer:
       filesystem.rename(source, target)
     self._manager.close()
     self._manager = self._new_manager()
+
+
+def _cause(error: BaseException, kind: type) -> Optional[BaseException]:
+  """`error` or the first exception of type `kind` it was raised from (Orbax wraps the errors of
+  an item's handler)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, kind):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
 
 
 def _on_this_process(state_directory: str):

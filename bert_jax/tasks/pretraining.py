@@ -424,7 +424,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
       grad_accum_steps=config.grad_accum_steps))
 
   from data_pipelines import input_pipeline
-  iterator = input_pipeline.PipelineIterator(input_pipeline_for(config, training=True),
+  iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
                                              source=config.data.input_files)
   trainer = Trainer("pretraining", workdir, par,
                     LoopSettings.from_config(config, config.num_train_steps), iterator=iterator)

@@ -1,0 +1,113 @@
+"""A workdir survives being moved or copied: the same command resumes from its newest complete
+checkpoint, with the input position exact, and a failed restore never leaves a broken iterator."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The quick demo (data built into WORKDIR/data), 8 steps with a checkpoint at every other one.
+OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
+             "--config.eval_every_steps=8"]
+
+
+def _demo(workdir):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run([sys.executable, "-m", "bert_jax.main",
+                         "--config=experiments/pretrain_demo.py:quick", f"--workdir={workdir}",
+                         *OVERRIDES], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+
+
+def _untimed(workdir):
+  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(workdir)]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """An uninterrupted run: checkpoints at steps 2, 4, 6, 8."""
+  workdir = str(tmp_path_factory.mktemp("moved") / "original")
+  result = _demo(workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+def _copy_back_to(source, target, step):
+  """`source` copied to `target` as it was right after the checkpoint at `step`."""
+  shutil.copytree(source, target)
+  checkpoints = os.path.join(target, "checkpoints")
+  for name in os.listdir(checkpoints):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(checkpoints, name))
+
+
+def test_a_copied_workdir_resumes_exactly(finished, tmp_path):
+  moved = str(tmp_path / "elsewhere" / "run")
+  _copy_back_to(finished, moved, step=4)
+  shutil.rmtree(finished + "_gone", ignore_errors=True)
+  os.rename(finished, finished + "_gone")   # the old paths no longer exist
+  try:
+    result = _demo(moved)
+  finally:
+    os.rename(finished + "_gone", finished)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Resumed from the checkpoint at step 4" in result.stdout, result.stdout[-2000:]
+  assert "UNREADABLE" not in result.stdout + result.stderr
+  assert not os.path.exists(os.path.join(moved, "checkpoints_corrupt"))
+  assert _untimed(moved) == _untimed(finished)
+
+
+def test_after_unreadable_checkpoints_the_run_starts_over_with_a_working_input(finished,
+                                                                               tmp_path):
+  """Every checkpoint's input position unreadable (truncated): each is set aside, and the run
+  trains from step 0 on a fresh input pipeline, exactly as an uninterrupted run."""
+  copy = str(tmp_path / "copy")
+  _copy_back_to(finished, copy, step=4)
+  for step in ("2", "4"):
+    state_dir = os.path.join(copy, "checkpoints", step, "data", "process_0")
+    for name in os.listdir(state_dir):
+      if name.startswith("iterator.data"):
+        with open(os.path.join(state_dir, name), "r+b") as f:
+          f.truncate(8)
+  result = _demo(copy)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.count("IS UNREADABLE") == 2
+  assert sorted(n.split("-")[0] for n in os.listdir(os.path.join(copy, "checkpoints_corrupt"))) \
+      == ["2", "4"]
+  assert _untimed(copy) == _untimed(finished)
+
+
+def test_a_failed_restore_leaves_the_iterator_at_its_first_batch(tmp_path):
+  import shutil as sh
+  import numpy as np
+  import tensorflow as tf
+  from bert_jax.io.training_checkpoints import InputMovedError
+  from data_pipelines.input_pipeline import PipelineIterator
+
+  def write(directory):
+    os.makedirs(directory)
+    with tf.io.TFRecordWriter(os.path.join(directory, "x.tfrecord")) as writer:
+      for i in range(50):
+        writer.write(str(i).encode())
+
+  def pipeline(directory):
+    files = [os.path.join(directory, "x.tfrecord")]
+    return lambda: (tf.data.TFRecordDataset(files).repeat().shuffle(8, seed=0)
+                    .map(lambda x: {"x": tf.strings.to_number(x, tf.int32)}).batch(2))
+
+  old, new = str(tmp_path / "old"), str(tmp_path / "new")
+  write(old)
+  iterator = PipelineIterator(pipeline(old))
+  first = [next(iterator)["x"] for _ in range(3)]
+  iterator.save(str(tmp_path / "position"))
+  sh.move(old, new)
+  moved = PipelineIterator(pipeline(new))
+  with pytest.raises(InputMovedError, match="no longer there"):
+    moved.restore(str(tmp_path / "position"))
+  assert np.array_equal(next(moved)["x"], first[0])   # not StopIteration: a fresh start
+  moved.skip(1)
+  assert np.array_equal(next(moved)["x"], first[2])
