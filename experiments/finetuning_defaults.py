@@ -41,6 +41,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Tensor parallelism (jit only), as in pre-training: the encoder and its Adam moments are split
   # along the mesh's `model` axis (global_batch_size must divide by device_count / this).
   c.model_parallelism = 1
+  # Fully sharded data parallelism (jit only; ZeRO-3): parameter matrices, their gradients and
+  # the optimizer moments split along `data` as well, gathered layer by layer inside the step.
+  # Each chip keeps 1/data of the state; the math is the same (bert_jax/parallel/sharding.py).
+  c.fsdp = False
   c.logical_axis_rules = ()          # () = bert_jax.parallel.sharding.DEFAULT_RULES
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.

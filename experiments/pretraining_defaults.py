@@ -56,6 +56,10 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # Tensor parallelism (jit only): devices along the mesh's `model` axis; the `data` axis gets
   # device_count / model_parallelism. Attention heads, FFN and vocabulary are split Megatron-style.
   c.model_parallelism = 1
+  # Fully sharded data parallelism (jit only; ZeRO-3): parameter matrices, their gradients and
+  # the optimizer moments split along `data` as well, gathered layer by layer inside the step.
+  # Each chip keeps 1/data of the state; the math is the same (bert_jax/parallel/sharding.py).
+  c.fsdp = False
   # Override of bert_jax.parallel.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or None),
   # e.g. (("vocab", None), ("joined_kv", "model"), ("mlp", "model")); () = the defaults.
   c.logical_axis_rules = ()

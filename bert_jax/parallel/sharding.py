@@ -4,6 +4,10 @@ One code path serves one CPU, every core of a TPU VM and several hosts: `jit` co
 for the global mesh, and each host contributes its own slice of the global batch
 (`jax.make_array_from_process_local_data`).
 
+Fully sharded data parallelism (`config.fsdp`) also splits every parameter matrix and its
+optimizer moments along `data` (`_with_fsdp`): each chip keeps 1/data of the state, the compiler
+gathers a layer's weights where they are used and reduce-scatters their gradients.
+
 Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: the mesh is
 (data = devices / model_parallelism, model). Parameters carry logical axis names
 (`nn.with_logical_partitioning` in `bert_jax.model.modeling`); one table of rules
@@ -131,13 +135,43 @@ def _fit(logical: P, shape: Tuple[int, ...], mesh: Mesh, rules: Rules) -> P:
   return P(*fitted)
 
 
-def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+def fsdp(config=None) -> bool:
+  """`config.fsdp`: parameters, gradients and optimizer moments sharded along `data` too."""
+  value = False if config is None else config.get("fsdp", False)
+  if not isinstance(value, bool):
+    raise ValueError(f"config.fsdp={value!r}: expected True or False")
+  return value
+
+
+def _with_fsdp(spec: P, logical: P, shape: Tuple[int, ...], mesh: Mesh) -> P:
+  """`spec` with one more dimension split along `data` (ZeRO-3 / fully sharded data parallel):
+  the largest dimension that no mesh axis splits yet, that `data` divides and that is not the
+  stacked-layer axis of `scan_layers` (a scan slices it per layer). Vectors (biases, LayerNorm:
+  under 1% of BERT's bytes) stay as they are: gathering them would cost a collective each for
+  nothing. Inside the step the compiler gathers each matrix where it is used (an all-gather
+  per layer) and reduce-scatters its gradient instead of all-reducing it."""
+  data = mesh.shape.get(DATA_AXIS, 1)
+  if data == 1 or len(shape) < 2:
+    return spec
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  names = list(logical) + [None] * (len(shape) - len(logical))
+  free = [i for i, (dim, axis, name) in enumerate(zip(shape, entries, names))
+          if axis is None and name != "layers" and dim % data == 0]
+  if not free:
+    return spec
+  entries[max(free, key=lambda i: (shape[i], -i))] = DATA_AXIS
+  return P(*entries)
+
+
+def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAULT_RULES,
+                    fully_sharded: bool = False):
   """A NamedSharding for every leaf of `abstract_state`.
 
   A leaf whose key path ends with a parameter's path and has that parameter's rank (the
   parameter itself, and optimizer leaves that mirror the parameter tree: Adam's mu/nu, LAMB's
-  moments, under any optax wrapper) is sharded by the parameter's logical axes; everything else
-  (step, counts, skip counters) is replicated.
+  moments, under any optax wrapper) is sharded by the parameter's logical axes (and, with
+  `fully_sharded`, along `data` as well: `_with_fsdp`); everything else (step, counts, skip
+  counters) is replicated.
   """
   is_spec = lambda x: isinstance(x, P)
   by_path = {tuple(path): spec for path, spec in
@@ -148,14 +182,18 @@ def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAU
     for n in lengths:
       spec = by_path.get(tuple(path[-n:])) if 0 < n <= len(path) else None
       if spec is not None and len(spec) == len(leaf.shape):
-        return NamedSharding(mesh, _fit(spec, leaf.shape, mesh, rules))
+        fitted = _fit(spec, leaf.shape, mesh, rules)
+        if fully_sharded:
+          fitted = _with_fsdp(fitted, spec, leaf.shape, mesh)
+        return NamedSharding(mesh, fitted)
     return replicated(mesh)
 
   return jax.tree_util.tree_map_with_path(place, abstract_state)
 
 
 def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
-                         rules: Rules = DEFAULT_RULES) -> Tuple[object, object]:
+                         rules: Rules = DEFAULT_RULES,
+                         fully_sharded: bool = False) -> Tuple[object, object]:
   """Runs `init_fn` under jit with the state placed on the mesh; returns (state, shardings).
 
   With `param_axes` (from `logical_axes`) parameters and their optimizer moments are sharded by
@@ -165,7 +203,7 @@ def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
   if param_axes is None:
     shardings = jax.tree_util.tree_map(lambda _: replicated(mesh), abstract)
   else:
-    shardings = state_shardings(abstract, param_axes, mesh, rules)
+    shardings = state_shardings(abstract, param_axes, mesh, rules, fully_sharded)
     _log_layout(abstract, shardings, mesh)
   state = jax.jit(init_fn, out_shardings=shardings)()
   return state, shardings

@@ -5,7 +5,8 @@ evaluation step, place a host batch, turn the state into a checkpointable tree a
 training loops are written once. `config.parallelism`:
 
   jit   (default) one program for the global mesh; the batch is sharded along `data`, the state
-        replicated; XLA inserts the gradient all-reduce. Works across hosts. With
+        replicated (or, with `config.fsdp`, its matrices split along `data` too); XLA inserts
+        the gradient all-reduce (reduce-scatter with fsdp). Works across hosts. With
         `config.model_parallelism` > 1 the mesh gains a `model` axis and the parameters and
         optimizer moments are sharded along it by their logical axis names (tensor
         parallelism; `bert_jax.parallel.sharding`), XLA inserting the activation all-reduces.
@@ -31,14 +32,23 @@ class JitParallel:
   def __init__(self, config=None, devices=None):
     self.mesh = sharding.create_mesh(config, devices)
     self.rules = sharding.logical_axis_rules(config)
+    self.fsdp = sharding.fsdp(config)
     self.state_sharding = None
 
   def init_state(self, init_fn: Callable, param_axes=None):
     """`param_axes`: the parameters' logical axis names (`sharding.logical_axes`); with them the
-    parameters and optimizer moments are sharded by the rules, without them replicated."""
+    parameters and optimizer moments are sharded by the rules (and along `data` with
+    config.fsdp), without them replicated."""
+    if self.fsdp and param_axes is None:
+      raise ValueError("config.fsdp=True needs the parameters' logical axes (param_axes)")
     state, self.state_sharding = sharding.create_sharded_state(init_fn, self.mesh, param_axes,
-                                                               self.rules)
+                                                               self.rules, self.fsdp)
     return state
+
+  def state_shardings(self, abstract_state, param_axes):
+    """Where each leaf of a train state of this shape lives (what `init_state` would place)."""
+    return sharding.state_shardings(abstract_state, param_axes, self.mesh, self.rules,
+                                    self.fsdp)
 
   def place_state(self, host_state):
     return jax.device_put(host_state, self.state_sharding)
@@ -145,6 +155,10 @@ def create(config) -> "JitParallel | PmapParallel":
   if name == "jit":
     return JitParallel(config)
   if name == "pmap":
+    if sharding.fsdp(config):
+      raise ValueError("config.fsdp=True shards the state over the jit mesh; "
+                       "config.parallelism='pmap' keeps a whole copy per device: use "
+                       "config.parallelism='jit'")
     if sharding.model_parallelism(config) > 1:
       raise ValueError(f"config.parallelism='pmap' is data-parallel only, but "
                        f"config.model_parallelism={config.model_parallelism}; use "

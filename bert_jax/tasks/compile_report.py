@@ -18,6 +18,10 @@ shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, throug
   GPU MFU benchmark uses), bytes_accessed_per_device (XLA), peak_flops_per_device (bf16),
   hbm_bandwidth_per_device,
   roofline_step_seconds (max of compute and memory time per device), estimated_mfu,
+  bytes_by_category (the train step's bytes per device by what moves them: matmul, attention,
+  dropout_rng, layernorm_reduction, elementwise, optimizer_update, collective, copy_transpose;
+  `parallel.hlo_profile`; they add up to bytes_accessed_per_device within a few percent),
+  top_operations (the 10 largest operations: bytes, category, readable name),
   eval_step {compile_seconds, memory_per_device, fits}
 
 A step that does not fit is a report with `fits: false`, not a crash: `required_bytes` (the
@@ -47,7 +51,7 @@ import numpy as np
 from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.model import flops, kernels
-from bert_jax.parallel import sharding, topologies
+from bert_jax.parallel import hlo_profile, sharding, topologies
 from bert_jax.runtime import optim, outputs
 from bert_jax.runtime.state import TrainState
 from bert_jax.tasks import pretraining
@@ -128,9 +132,11 @@ def _compile(function, args) -> Dict[str, Any]:
     return {"compile_seconds": round(time.time() - start, 2), **_out_of_memory(message, args)}
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  by_category, largest = hlo_profile.profile(compiled.as_text(), top=10)
   return {"compile_seconds": round(time.time() - start, 2), "memory_per_device": _memory(compiled),
           "flops_per_device": float(cost.get("flops", 0.0)),
-          "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0))}
+          "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
+          "bytes_by_category": by_category, "top_operations": largest}
 
 
 @dataclasses.dataclass
@@ -267,8 +273,7 @@ class _Compiler:
     par = self.target.par
     steps = _steps(config, global_batch, layers)
     abstract_state = jax.eval_shape(steps.init_state)
-    par.state_sharding = sharding.state_shardings(abstract_state, steps.param_axes, par.mesh,
-                                                  par.rules)
+    par.state_sharding = par.state_shardings(abstract_state, steps.param_axes)
     state = _abstract(abstract_state, par.state_sharding)
     batch_sharding = sharding.batch_sharding(par.mesh)
     on_batch_axis = lambda batch: _abstract(
@@ -292,8 +297,13 @@ class _Compiler:
     one, two = (self._train_and_eval(global_batch, n, with_eval=False)[1] for n in (1, 2))
     if "flops_per_device" not in one or "flops_per_device" not in two:
       return {}
-    return {k: one[k] + (layers - 1) * (two[k] - one[k])
+    cost = {k: one[k] + (layers - 1) * (two[k] - one[k])
             for k in ("flops_per_device", "bytes_accessed_per_device")}
+    cost["bytes_by_category"] = {
+        k: one["bytes_by_category"][k] + (layers - 1) * (two["bytes_by_category"][k]
+                                                         - one["bytes_by_category"][k])
+        for k in one["bytes_by_category"]}
+    return cost
 
   def report(self, global_batch: int, scanned_cost: bool = True) -> Dict[str, Any]:
     """The report for one global batch size (see the module docstring). `scanned_cost=False`
@@ -342,6 +352,7 @@ def _roofline(cost: Dict[str, float], devices: int, generation, model_flops: flo
   step = max(compute, memory_time)
   return {"flops_per_step": cost["flops_per_device"] * devices,
           "bytes_accessed_per_device": cost["bytes_accessed_per_device"],
+          "bytes_by_category": cost["bytes_by_category"],
           "roofline_step_seconds": step,
           "roofline_bound": "compute" if compute >= memory_time else "memory",
           "estimated_mfu": model_flops / (devices * generation.peak_bf16_flops * step)}
@@ -350,7 +361,7 @@ def _roofline(cost: Dict[str, float], devices: int, generation, model_flops: flo
 def _verdict(result: Dict[str, Any], generation) -> Dict[str, Any]:
   """compile_seconds, memory_per_device, fits and over_by_bytes of one compiled step."""
   verdict = {k: v for k, v in result.items()
-             if k not in ("flops_per_device", "bytes_accessed_per_device")}
+             if k not in ("flops_per_device", "bytes_accessed_per_device", "bytes_by_category")}
   total = _total_bytes(result)
   if "fits" not in verdict:
     verdict["fits"] = total <= generation.hbm_bytes
@@ -449,6 +460,14 @@ def summary(report: Dict[str, Any]) -> str:
                  f"{report['roofline_step_seconds'] * 1e3:.1f} ms per step "
                  f"({report['roofline_bound']}-bound), estimated MFU "
                  f"{100 * report['estimated_mfu']:.1f}% at best")
+  categories = report.get("bytes_by_category")
+  if categories:
+    total = sum(categories.values()) or 1.0
+    lines.append("  bytes per device by category: " + ", ".join(
+        f"{name} {value / 1e9:.2f} GB ({100 * value / total:.0f}%)"
+        for name, value in sorted(categories.items(), key=lambda kv: -kv[1]) if value))
+  for op in report.get("top_operations", [])[:5]:
+    lines.append(f"    {op['bytes'] / 1e9:6.3f} GB  {op['category']:<19} {op['name']}")
   lines.append(f"  eval step: {'fits' if report['eval_step']['fits'] else 'DOES NOT FIT'}; "
                f"compiled in {report['compile_seconds']} + "
                f"{report['eval_step']['compile_seconds']} s")

@@ -1,0 +1,203 @@
+"""Where a compiled step's memory traffic goes: the bytes each operation of the optimized HLO
+reads and writes, grouped into categories a person can act on.
+
+XLA's cost analysis gives one number, `bytes accessed`, for a whole compiled module: the sum over
+the module's top-level operations (a fusion counts its operands and its results once; a loop
+body once) of the bytes they move. This module reads the same operations from the module's text
+(`compiled.as_text()`), counts them the same way, and files each under one category by what it
+is (its opcode, the operations fused into it) and where it came from (the JAX name stack in its
+`op_name` metadata, e.g. `.../bert/encoder/layer_3/attention/self/Dropout_0/...`):
+
+  matmul          fusions and operations that contain a dot or convolution (dense layers, the
+                  MLM decoder; the attention products are `attention`)
+  attention       inside self-attention, after the q/k/v projections: logits, softmax,
+                  probabilities x values (a fused attention kernel is one custom call here)
+  dropout_rng     dropout masks and the random bits they are drawn from
+  layernorm_reduction  LayerNorm and other reductions (losses, norms)
+  elementwise     other fusions (bias, GELU, residual adds, casts)
+  optimizer_update  the optimizer's update of parameters and moments (the step's
+                  `optimizer_update` name scope, bert_jax/runtime/step.py)
+  collective      all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
+  copy_transpose  copies, transposes and layout changes
+
+`profile(text)` returns the totals per category and the largest operations.
+"""
+import collections
+import dataclasses
+import re
+from typing import Dict, List, Optional, Tuple
+
+CATEGORIES = ("matmul", "attention", "dropout_rng", "layernorm_reduction", "elementwise",
+              "optimizer_update", "collective", "copy_transpose")
+
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
+                "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
+                "f64": 8, "c64": 8, "c128": 16}
+# Operations that move no data of their own (XLA's cost analysis gives them no bytes).
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+         "partition-id", "replica-id", "opt-barrier", "add-dependency", "iota"}
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                "collective-broadcast", "ragged-all-to-all")
+_COPIES = ("copy", "transpose", "copy-start", "copy-done", "slice-start", "slice-done",
+           "dynamic-update-slice", "dynamic-slice", "slice", "concatenate", "pad", "reshape",
+           "broadcast")
+_RANDOM = ("rng", "rng-bit-generator", "rng-get-and-update-state")
+
+_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8e\w+)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CALLS = re.compile(r"\b(?:calls|body|condition|to_apply|branch_computations|"
+                    r"true_computation|false_computation)=\{?%?([\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of every array in an HLO shape string (a tuple's elements summed)."""
+  total = 0.0
+  for dtype, dims in _SHAPE.findall(shape):
+    size = _DTYPE_BYTES.get(dtype, 1)
+    for d in filter(None, dims.split(",")):
+      size *= int(d)
+    total += size
+  return total
+
+
+@dataclasses.dataclass
+class Operation:
+  name: str
+  opcode: str
+  shape: str
+  operands: List[str]
+  op_name: str
+  calls: List[str]
+
+
+@dataclasses.dataclass
+class Computation:
+  name: str
+  is_entry: bool
+  operations: List[Operation]
+
+
+def _operand_names(arguments: str) -> List[str]:
+  """The `%name` operands of an instruction: the text up to its closing parenthesis."""
+  depth, end = 1, len(arguments)
+  for i, ch in enumerate(arguments):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if depth == 0:
+      end = i
+      break
+  return re.findall(r"%([\w.\-]+)", arguments[:end])
+
+
+def parse(text: str) -> Dict[str, Computation]:
+  """The computations of an HLO module's text, by name."""
+  computations: Dict[str, Computation] = {}
+  current: Optional[Computation] = None
+  for line in text.splitlines():
+    if current is None:
+      header = _HEADER.match(line)
+      if header:
+        current = Computation(header.group(2), bool(header.group(1)), [])
+      continue
+    if line.startswith("}"):
+      computations[current.name] = current
+      current = None
+      continue
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, shape, opcode, rest = match.groups()
+    op_name = _OP_NAME.search(rest)
+    calls = [c.strip().lstrip("%") for group in _CALLS.findall(rest) for c in group.split(",")]
+    current.operations.append(Operation(name, opcode, shape, _operand_names(rest),
+                                        op_name.group(1) if op_name else "", calls))
+  return computations
+
+
+def _fused_opcodes(computations: Dict[str, Computation], names: List[str]) -> set:
+  """Every opcode inside the called (fused) computations, recursively."""
+  seen, opcodes, stack = set(), set(), list(names)
+  while stack:
+    name = stack.pop()
+    if name in seen or name not in computations:
+      continue
+    seen.add(name)
+    for op in computations[name].operations:
+      opcodes.add(op.opcode)
+      stack.extend(op.calls)
+  return opcodes
+
+
+def categorize(op: Operation, fused: set) -> str:
+  """The category of one top-level operation (see the module docstring)."""
+  opcodes = fused | {op.opcode}
+  base = op.opcode.replace("-start", "").replace("-done", "")
+  path = op.op_name
+  if base in _COLLECTIVES or any(c in opcodes for c in _COLLECTIVES):
+    return "collective"
+  if "optimizer_update" in path:
+    return "optimizer_update"
+  if "Dropout" in path or "threefry" in path or any(r in opcodes for r in _RANDOM):
+    return "dropout_rng"
+  if re.search(r"/attention/self/(?!query|key|value)", path):
+    return "attention"
+  if "dot" in opcodes or "convolution" in opcodes:
+    return "matmul"
+  if "LayerNorm" in path or "reduce" in opcodes or "reduce-window" in opcodes:
+    return "layernorm_reduction"
+  if base in _COPIES or (op.opcode == "fusion" and fused and fused <= set(_COPIES) | _FREE):
+    return "copy_transpose"
+  return "elementwise"
+
+
+def readable_name(op: Operation) -> str:
+  """The meaningful part of an op_name: the module path without the jit/jvp wrappers, e.g.
+  'bert/encoder/layer_3/attention/self/dot_general (backward)'."""
+  path = op.op_name
+  backward = "transpose(" in path
+  path = re.sub(r"\b(?:jit|jvp|transpose|remat|checkpoint|vmap)\(([^()]*)\)", r"\1", path)
+  path = re.sub(r"\b(?:jit|jvp|transpose|remat|checkpoint|vmap)\(([^()]*)\)", r"\1", path)
+  parts = [p for p in path.split("/") if p and p not in ("train_step", "BertForPreTraining")]
+  name = "/".join(parts[-6:]) or op.name
+  return f"{name} ({op.opcode}{', backward' if backward else ''})"
+
+
+def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
+  """(bytes per category, the `top` largest operations) of an optimized HLO module's text."""
+  computations = parse(text)
+  entry = [c for c in computations.values() if c.is_entry]
+  if not entry:
+    raise ValueError("no ENTRY computation in the HLO text")
+  # The operations XLA's cost analysis counts: the entry's, and those of the computations that
+  # control flow runs (loop bodies and conditions, conditional branches, calls), once each.
+  walked, queue, counted = set(), [entry[0].name], []
+  while queue:
+    name = queue.pop()
+    if name in walked or name not in computations:
+      continue
+    walked.add(name)
+    by_name = {op.name: op for op in computations[name].operations}
+    for op in computations[name].operations:
+      if op.opcode in ("while", "conditional", "call"):
+        queue.extend(op.calls)
+        continue
+      if op.opcode in _FREE or op.opcode.endswith("-start"):
+        continue
+      operands = op.operands
+      if op.opcode.endswith("-done") and operands and operands[0] in by_name:
+        # An async pair moves its bytes once: the start's operands in, the done's result out
+        # (the start's own result is a tuple holding both, plus a context).
+        start = by_name[operands[0]]
+        operands, op = start.operands, dataclasses.replace(start, shape=op.shape)
+      moved = shape_bytes(op.shape) + sum(
+          shape_bytes(by_name[o].shape) for o in operands if o in by_name)
+      fused = _fused_opcodes(computations, op.calls) if op.opcode in ("fusion", "async-start",
+                                                                       "custom-call") else set()
+      counted.append((moved, categorize(op, fused), op))
+  totals = collections.OrderedDict((c, 0.0) for c in CATEGORIES)
+  for moved, category, _ in counted:
+    totals[category] += moved
+  largest = sorted(counted, key=lambda item: -item[0])[:top]
+  return dict(totals), [{"bytes": moved, "category": category, "name": readable_name(op)}
+                        for moved, category, op in largest]
