@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 # the original TensorFlow code's `gelu` is the tanh approximation, which is "gelu_tanh" here.
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu",
                "silu", "swish", "tanh")
+ATTENTIONS = ("auto", "xla", "splash", "cudnn")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # name: (num_hidden_layers, hidden_size); heads = hidden / 64, intermediate = 4 * hidden.
@@ -55,10 +56,16 @@ class BertConfig:
   # traced for), "tuned", "textbook", plus any parts to take in textbook form, e.g.
   # "tuned,plain_bias" (kernels.PARTS). The same function either way; only the speed differs.
   kernels: str = "auto"
+  # How attention is computed (bert_jax/model/modeling.py `attention_kind`): "xla" (einsums,
+  # [B, N, S, S] probabilities in HBM), "splash" (the Pallas TPU flash-attention kernel; interpret
+  # mode on CPU; no attention-probability dropout), "cudnn" (cuDNN's fused kernel on GPU; no
+  # dropout either), or "auto": splash on TPU and cuDNN on GPU where the attention dropout is 0,
+  # else xla.
+  attention: str = "auto"
 
   # Fields that describe the computation, not the checkpoint; never written to bert_config.json.
   RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat",
-                    "float32_attention_logits", "kernels")
+                    "float32_attention_logits", "kernels", "attention")
 
   def __post_init__(self):
     self.validate()
@@ -79,6 +86,8 @@ class BertConfig:
     for field in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
       if not 0.0 <= getattr(self, field) < 1.0:
         fail(field, "must be in [0, 1)")
+    if self.attention not in ATTENTIONS:
+      fail("attention", f"expected one of {ATTENTIONS}")
     # Imported here: kernels brings in JAX and Flax, and reading a config should not need them.
     from bert_jax.model import kernels
     try:

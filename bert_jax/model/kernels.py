@@ -137,6 +137,11 @@ def _backend(backend: Optional[str]) -> str:
   return backend or _TARGET_BACKEND.get() or jax.default_backend()
 
 
+def target_backend() -> str:
+  """The backend the program being traced is for: `compiling_for`'s, else JAX's default."""
+  return _backend(None)
+
+
 def textbook_parts(spec: str, backend: Optional[str] = None) -> FrozenSet[str]:
   """The parts `spec` takes in textbook form on `backend` (default: JAX's default backend)."""
   choice, parts = parse(spec)

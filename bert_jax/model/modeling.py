@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import kernels
+from bert_jax.model import kernels, splash
 from bert_jax.model.config import BertConfig
 
 Array = Any
@@ -184,21 +184,45 @@ def _one_hot_lookup(table, ids, dtype):
                     precision=jax.lax.Precision.HIGHEST)                      # [B, S, H]
 
 
-def attention_implementation(config: BertConfig, deterministic: bool) -> Optional[str]:
-  """'cudnn' where cuDNN's fused (flash) attention applies, else None (the XLA einsum path).
+def attention_kind(config: BertConfig, deterministic: bool, seq_len: Optional[int] = None) -> str:
+  """How attention is computed: "xla", "splash" or "cudnn" (`BertConfig.attention`).
 
-  cuDNN's kernel runs on NVIDIA GPUs with float16/bfloat16 inputs and head_dim a multiple of 8 up
-  to 128, and it has no dropout on the attention probabilities: training with
-  attention_probs_dropout_prob > 0 keeps the XLA path. Both paths compute the same function
-  (tests/test_attention.py checks `jax.nn.dot_product_attention`'s argument plumbing on CPU).
+  "auto" takes the fused kernel of the backend the step is traced for where it computes the
+  model's function: splash on TPU (sequences a multiple of 128), cuDNN on GPU (float16/bfloat16,
+  head_dim a multiple of 8 up to 128), both only without dropout on the attention probabilities
+  (their kernels have none); else the XLA path. Asked for by name where it cannot apply, a
+  fused kernel is a clear error.
   """
-  if jax.default_backend() != "gpu" or config.dtype not in ("bfloat16", "float16"):
-    return None
-  if config.head_dim % 8 or config.head_dim > 128:
-    return None
-  if not deterministic and config.attention_probs_dropout_prob > 0:
-    return None
-  return "cudnn"
+  dropout = not deterministic and config.attention_probs_dropout_prob > 0
+  choice = config.attention
+  if choice == "splash":
+    splash.check(config, deterministic, seq_len)
+    return "splash"
+  if choice == "cudnn":
+    if dropout or config.dtype not in ("bfloat16", "float16") or config.head_dim % 8 or (
+        config.head_dim > 128):
+      raise ValueError(
+          "config.model.attention='cudnn' needs dtype bfloat16 or float16, head_dim a multiple "
+          f"of 8 up to 128 and no attention dropout in training (dtype={config.dtype}, "
+          f"head_dim={config.head_dim}, attention_probs_dropout_prob="
+          f"{config.attention_probs_dropout_prob}); use --config.model.attention=xla")
+    return "cudnn"
+  if choice == "xla" or dropout:
+    return "xla"
+  backend = kernels.target_backend()
+  if backend == "tpu" and (seq_len is None or seq_len % 128 == 0):
+    return "splash"
+  if (backend == "gpu" and config.dtype in ("bfloat16", "float16") and not config.head_dim % 8
+      and config.head_dim <= 128):
+    return "cudnn"
+  return "xla"
+
+
+def attention_implementation(config: BertConfig, deterministic: bool) -> Optional[str]:
+  """The `jax.nn.dot_product_attention` implementation the model calls ('cudnn'), or None for the
+  other paths (XLA einsums or splash). Both paths compute the same function
+  (tests/test_attention.py checks `jax.nn.dot_product_attention`'s argument plumbing on CPU)."""
+  return "cudnn" if attention_kind(config, deterministic) == "cudnn" else None
 
 
 def fused_attention(q, k, v, bias, implementation: str):
@@ -220,8 +244,11 @@ class BertSelfAttention(nn.Module):
     q = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "query")(x))   # [B, S, N, D]
     k = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "key")(x))     # [B, S, N, D]
     v = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "value")(x))   # [B, S, N, D]
+    kind = attention_kind(c, deterministic, seq_len)
     implementation = attention_implementation(c, deterministic)
-    if implementation is not None:
+    if kind == "splash":  # `bias` holds the [B, S] segment ids (BertModel)
+      context = splash.splash_attention(q, k, v, bias, c.causal_attention)    # [B, S, N, D]
+    elif implementation is not None:
       context = fused_attention(q, k, v, bias, implementation)                # [B, S, N, D]
     else:
       blocks = _kernels(c)
@@ -362,7 +389,10 @@ class BertModel(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)   # [B, S, H]
-    bias = attention_bias(attention_mask, c.causal_attention)
+    if attention_kind(c, deterministic, input_ids.shape[-1]) == "splash":
+      bias = splash.segment_ids(attention_mask)               # [B, S]: what the kernel masks by
+    else:
+      bias = attention_bias(attention_mask, c.causal_attention)   # [B, 1, S or 1, S]
     sequence_output, layers = self.encoder(x, bias, deterministic, output_hidden_states)
     outputs = {"sequence_output": sequence_output}
     if self.add_pooling_layer:

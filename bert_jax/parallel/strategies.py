@@ -26,6 +26,23 @@ from bert_jax.parallel import sharding
 PMAP_AXIS = "batch"
 
 
+class UnderMesh:
+  """A jitted function traced with its mesh as the context mesh (`jax.set_mesh`): what a kernel
+  that runs per device (the splash attention, bert_jax/model/splash.py) reads to `shard_map`
+  itself over the same devices. Called, or lowered ahead of time (the compile report)."""
+
+  def __init__(self, jitted: Callable, mesh: Mesh):
+    self.jitted, self.mesh = jitted, mesh
+
+  def __call__(self, *args, **kwargs):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args, **kwargs)
+
+
 class JitParallel:
   name = "jit"
 
@@ -58,18 +75,18 @@ class JitParallel:
     return self.state_sharding.params
 
   def compile_step(self, step_fn: Callable, donate: bool = True) -> Callable:
-    return jax.jit(step_fn,
-                   in_shardings=(self.state_sharding, sharding.batch_sharding(self.mesh),
-                                 sharding.replicated(self.mesh)),
-                   out_shardings=(self.state_sharding, sharding.replicated(self.mesh)),
-                   donate_argnums=(0,) if donate else ())
+    return UnderMesh(jax.jit(step_fn,
+                             in_shardings=(self.state_sharding, sharding.batch_sharding(self.mesh),
+                                           sharding.replicated(self.mesh)),
+                             out_shardings=(self.state_sharding, sharding.replicated(self.mesh)),
+                             donate_argnums=(0,) if donate else ()), self.mesh)
 
   def compile_eval(self, eval_fn: Callable) -> Callable:
     """`eval_fn(params, batch) -> sums` over the global batch: each host passes its own rows
     (`put_batch`) and XLA all-reduces the sums, so every host gets the totals of all hosts."""
-    return jax.jit(eval_fn, in_shardings=(self.state_sharding.params,
-                                          sharding.batch_sharding(self.mesh)),
-                   out_shardings=sharding.replicated(self.mesh))
+    return UnderMesh(jax.jit(eval_fn, in_shardings=(self.state_sharding.params,
+                                                    sharding.batch_sharding(self.mesh)),
+                             out_shardings=sharding.replicated(self.mesh)), self.mesh)
 
   def put_batch(self, batch):
     return sharding.shard_batch(batch, self.mesh)

@@ -1,0 +1,123 @@
+"""Fused attention on TPU: the Pallas splash-attention kernel (`config.model.attention="splash"`).
+
+softmax(q k^T / sqrt(D) + mask) v without writing the [B, N, S, S] logits and probabilities to
+HBM: the kernel streams blocks of keys through the chip's vector memory (flash attention), so the
+step's memory traffic for attention is that of q, k, v and the output. Its masks are segment
+ids: a token attends to the keys of its own segment. BERT's padding mask is segment 1 for real
+tokens and 0 for padding; packed rows (a [B, S, S] block-diagonal mask) give each pair its own
+segment. Padding queries then attend to padding keys instead of to the real ones: their outputs
+differ from the XLA path's, but no loss reads them (the heads read real positions), so losses
+and gradients are the same (tests/test_splash_attention.py).
+
+The stock kernel has no dropout on the attention probabilities, so `splash` requires
+`attention_probs_dropout_prob=0` in training (`check`): a clear error otherwise.
+
+On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `jit` over a mesh
+(`jax.sharding.use_mesh`, which `parallel.strategies` sets while tracing a step) the kernel runs
+per device with `shard_map`: the batch split along `data`, the heads along `model`.
+"""
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+from jax.sharding import PartitionSpec as P
+
+from bert_jax.model import kernels
+
+Array = Any
+# The mesh axis names of bert_jax.parallel.sharding (the model layer does not import it).
+_BATCH_AXES = ("data",)
+_HEAD_AXIS = "model"
+_BLOCKS = (512, 256, 128)   # the kernel's block sizes (its smallest is 128)
+
+
+def check(config, deterministic: bool, seq_len=None) -> None:
+  """Fails clearly where the kernel cannot compute what the config asks."""
+  if seq_len is not None and seq_len % 128:
+    raise ValueError(f"config.model.attention='splash' needs a sequence length that is a "
+                     f"multiple of 128 (the kernel's block), got {seq_len}: use "
+                     "--config.model.attention=xla")
+  if not deterministic and config.attention_probs_dropout_prob > 0:
+    raise ValueError(
+        f"config.model.attention='splash' has no dropout on the attention probabilities, but "
+        f"attention_probs_dropout_prob={config.attention_probs_dropout_prob}: set "
+        "--config.model.attention_probs_dropout_prob=0 (measured on the TPU compiler in "
+        "benchmarks/RESULTS.md) or use --config.model.attention=xla")
+
+
+def segment_ids(attention_mask: Array) -> Array:
+  """[B, S] segment ids from a padding mask [B, S] (1 real, 0 padding) or a block-diagonal mask
+  [B, S, S] (each block: the position of its first key, plus one; rows with no key: 0)."""
+  mask = attention_mask.astype(bool)
+  if mask.ndim == 2:
+    return mask.astype(jnp.int32)                                   # [B, S]
+  first = jnp.argmax(mask, axis=-1).astype(jnp.int32)               # [B, S]
+  return jnp.where(jnp.any(mask, axis=-1), first + 1, 0)           # [B, S]
+
+
+def _block(seq_len: int) -> int:
+  for block in _BLOCKS:
+    if seq_len % block == 0:
+      return block
+  raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "
+                   f"got {seq_len}")
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool):
+  """The splash kernel for one example: q [N, S, D], k, v [N, S, D], segment ids -> [N, S, D]."""
+  head_mask = mask_lib.CausalMask((seq_len, seq_len)) if causal else mask_lib.FullMask(
+      (seq_len, seq_len))
+  block = _block(seq_len)
+  sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                                block_q_dkv=block, block_kv_dkv=block,
+                                block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  return kernel_lib.make_splash_mha(mask_lib.MultiHeadMask([head_mask] * num_heads),
+                                    block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                    interpret=interpret)
+
+
+def _attend(q, k, v, segments, causal: bool):
+  """q, k, v [B, N, S, D] (q already scaled), segments [B, S] -> [B, N, S, D], on one device."""
+  _, heads, seq_len, _ = q.shape
+  # Interpret mode wherever the program is not for a TPU (compiled *for* a TPU on a CPU host by
+  # the compile report, it is the real kernel).
+  kernel = _kernel(heads, seq_len, causal, kernels.target_backend() != "tpu")
+  ids = kernel_lib.SegmentIds(q=segments, kv=segments)
+  return jax.vmap(kernel)(q, k, v, segment_ids=ids)
+
+
+def _mesh_axes(mesh, names):
+  present = tuple(n for n in names if n in mesh.axis_names and mesh.shape[n] > 1)
+  return present or None
+
+
+def splash_attention(q, k, v, segments, causal: bool = False):
+  """softmax(q k^T / sqrt(D) + mask) v: q, k, v [B, S, N, D], segments [B, S] (`segment_ids`)
+  -> [B, S, N, D] (see the module docstring for padding positions)."""
+  head_dim = q.shape[-1]
+  scale = (1.0 / np.sqrt(head_dim)).astype(np.float32)
+  q = (q * scale.astype(q.dtype)).transpose(0, 2, 1, 3)                     # [B, N, S, D]
+  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                   # [B, N, S, D]
+  attend = functools.partial(_attend, causal=causal)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.size > 1:
+    batch, heads = _mesh_axes(mesh, _BATCH_AXES), _mesh_axes(mesh, (_HEAD_AXIS,))
+    heads = heads[0] if heads else None
+    qkv_spec, ids_spec = P(batch, heads, None, None), P(batch, None)
+    attend = jax.shard_map(attend, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec),
+                           out_specs=qkv_spec, check_vma=False)
+  context = attend(q, k, v, segments)                                       # [B, N, S, D]
+  return context.transpose(0, 2, 1, 3)                                      # [B, S, N, D]
+
+
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int,
+                    causal: bool = False) -> float:
+  """The training FLOPs of the two attention products (forward 2, backward 4 matmuls of
+  2*B*N*S*S*D each): what XLA's cost analysis does not see inside the custom call."""
+  forward = 2 * 2.0 * batch * heads * seq_len * seq_len * head_dim
+  return 3 * forward * (0.5 if causal else 1.0)

@@ -1,0 +1,155 @@
+"""config.model.attention='splash': the Pallas TPU splash-attention kernel, run here in Pallas'
+interpret mode, computes what the XLA path computes: outputs at every real position and the
+gradients of q, k, v and of a whole tiny encoder, with padding and with packed rows."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.model import modeling, ops, splash
+from bert_jax.model.config import BertConfig
+
+B, S, N, D = 2, 128, 2, 8      # the kernel's block is 128 positions
+
+
+def _masks():
+  lengths = np.array([S, 77])
+  padding = (np.arange(S)[None] < lengths[:, None]).astype(np.int32)        # [B, S]
+  pair = np.where(np.arange(S)[None] < 50, 1, 2) * padding                  # two packed pairs
+  block = (pair[:, :, None] == pair[:, None, :]) & (pair[:, :, None] > 0)   # [B, S, S]
+  return padding, {"padding": padding, "packed": block.astype(np.int32)}
+
+
+def test_segment_ids_from_both_mask_forms():
+  padding, masks = _masks()
+  np.testing.assert_array_equal(splash.segment_ids(jnp.asarray(masks["padding"])), padding)
+  packed = np.asarray(splash.segment_ids(jnp.asarray(masks["packed"])))
+  assert set(np.unique(packed[1])) == {0, 1, 51}   # first pair, second pair (starts at 50), pad
+  assert (packed[1, 77:] == 0).all() and (packed[1, :50] == 1).all()
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "packed"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_equals_the_xla_path_with_gradients(mask_kind, causal):
+  padding, masks = _masks()
+  rng = np.random.RandomState(0)
+  q, k, v = (jnp.asarray(rng.randn(B, S, N, D), jnp.float32) for _ in range(3))
+  weights = jnp.asarray(rng.randn(B, S, N, D), jnp.float32) * padding[..., None, None]
+  bias = modeling.attention_bias(jnp.asarray(masks[mask_kind]), causal)
+  segments = splash.segment_ids(jnp.asarray(masks[mask_kind]))
+
+  def xla(q, k, v):
+    return jnp.sum(ops.xla_attention(q, k, v, bias, lambda p: p) * weights)
+
+  def kernel(q, k, v):
+    return jnp.sum(splash.splash_attention(q, k, v, segments, causal) * weights)
+
+  expected, expected_grads = jax.value_and_grad(xla, argnums=(0, 1, 2))(q, k, v)
+  got, grads = jax.value_and_grad(kernel, argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  for name, a, b in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _config(attention, **overrides):
+  fields = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=S, attention=attention,
+                attention_probs_dropout_prob=0.0)
+  fields.update(overrides)
+  return BertConfig(**fields)
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "packed"])
+def test_a_whole_encoder_with_splash_equals_xla(mask_kind):
+  padding, masks = _masks()
+  ids = np.random.RandomState(1).randint(5, 60, size=(B, S)) * padding
+  weights = np.random.RandomState(2).randn(B, S, 32).astype(np.float32) * padding[..., None]
+  results = {}
+  for attention in ("xla", "splash"):
+    model = modeling.BertModel(_config(attention))
+    params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+
+    def loss(params):
+      out = model.apply({"params": params}, ids, masks[mask_kind])["sequence_output"]
+      return jnp.sum(out * weights)   # real positions only (see bert_jax/model/splash.py)
+
+    results[attention] = jax.value_and_grad(loss)(params)
+  (expected, expected_grads), (got, grads) = results["xla"], results["splash"]
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
+                          jax.tree_util.tree_leaves(expected_grads)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_what_splash_cannot_do_is_a_clear_error():
+  with pytest.raises(ValueError, match="attention_probs_dropout_prob=0"):
+    modeling.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
+                            deterministic=False, seq_len=S)
+  with pytest.raises(ValueError, match="multiple of 128"):
+    modeling.attention_kind(_config("splash"), deterministic=True, seq_len=96)
+  # Evaluation has no dropout: the kernel applies.
+  assert modeling.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
+                                 deterministic=True, seq_len=S) == "splash"
+  with pytest.raises(ValueError):
+    _config("flash")
+
+
+def test_auto_takes_the_backends_kernel_where_it_applies():
+  from bert_jax.model import kernels
+  config = _config("auto")
+  assert modeling.attention_kind(config, deterministic=False, seq_len=S) == "xla"   # CPU
+  with kernels.compiling_for("tpu"):
+    assert modeling.attention_kind(config, deterministic=False, seq_len=S) == "splash"
+    assert modeling.attention_kind(config, deterministic=False, seq_len=96) == "xla"
+    dropout = _config("auto", attention_probs_dropout_prob=0.1)
+    assert modeling.attention_kind(dropout, deterministic=False, seq_len=S) == "xla"
+    assert modeling.attention_kind(_config("xla"), deterministic=True, seq_len=S) == "xla"
+
+
+_UNDER_A_MESH = """
+import json, os
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from bert_jax.model import modeling, ops, splash
+from bert_jax.parallel import sharding, strategies
+from tests.test_train_step import tiny_config
+mesh = sharding.create_mesh(tiny_config(model_parallelism=2))           # data 4 x model 2
+rng = np.random.RandomState(0)
+q, k, v = (rng.randn(8, 128, 4, 8).astype(np.float32) for _ in range(3))
+padding = (np.arange(128)[None] < rng.randint(60, 129, size=(8, 1))).astype(np.int32)
+on_mesh = NamedSharding(mesh, P("data", None, "model", None))
+loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) ** 2))
+kernel = lambda q, k, v: splash.splash_attention(q, k, v, splash.segment_ids(padding))
+bias = modeling.attention_bias(jnp.asarray(padding), False)
+reference = lambda q, k, v: ops.xla_attention(q, k, v, bias, lambda p: p)
+real = padding[:, :, None, None]
+step = strategies.UnderMesh(jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(
+    kernel(q, k, v) * real), argnums=(0, 1, 2)), in_shardings=(on_mesh,) * 3), mesh)
+expected = jax.value_and_grad(lambda q, k, v: jnp.sum(reference(q, k, v) * real),
+                              argnums=(0, 1, 2))(q, k, v)
+got = step(q, k, v)
+hlo = step.lower(q, k, v).as_text()
+print(json.dumps({"value": [float(got[0]), float(expected[0])],
+                  "grad_diff": max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                                   for a, b in zip(got[1], expected[1])),
+                  "shard_map": "shard_map" in hlo or "manual" in hlo}))
+"""
+
+
+def test_under_a_data_and_model_mesh_the_kernel_runs_per_device():
+  """8 simulated devices (a subprocess): the kernel under `shard_map`, batch along `data`, heads
+  along `model`, as the jit strategy traces a step (`strategies.UnderMesh`)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=root)
+  run = subprocess.run([sys.executable, "-c", _UNDER_A_MESH], capture_output=True, text=True,
+                       env=env, cwd=root, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads(run.stdout.strip().splitlines()[-1])
+  assert report["shard_map"]
+  np.testing.assert_allclose(*report["value"], rtol=1e-5)
+  assert report["grad_diff"] < 1e-4
