@@ -21,6 +21,11 @@ is (its opcode, the operations fused into it) and where it came from (the JAX na
   copy_transpose  copies, transposes and layout changes
 
 `profile(text)` returns the totals per category and the largest operations.
+
+How close the re-count comes to XLA's total (libtpu's cost model is not public): BERT-base phase
+1 on v5litepod-8, 2 and 4 layers, 94.8% of XLA's bytes; a tiny data-parallel step 91.7%; a tiny
+step with tensor parallelism 81% (tests/test_compile_report.py). The report keeps XLA's total as
+`bytes_accessed_per_device` and the categories as counted here.
 """
 import collections
 import dataclasses
@@ -43,10 +48,14 @@ _COPIES = ("copy", "transpose", "copy-start", "copy-done", "slice-start", "slice
            "broadcast")
 _RANDOM = ("rng", "rng-bit-generator", "rng-get-and-update-state")
 
+_SLICES = ("slice", "slice-start", "dynamic-slice")
+# Custom calls that move no bytes of their own (none known yet: libtpu's ConcatBitcast does).
+_FREE_TARGETS = ()
 _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8e\w+)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _CALLS = re.compile(r"\b(?:calls|body|condition|to_apply|branch_computations|"
                     r"true_computation|false_computation)=\{?%?([\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
 
@@ -70,6 +79,11 @@ class Operation:
   operands: List[str]
   op_name: str
   calls: List[str]
+  target: str = ""     # a custom call's custom_call_target
+
+
+def _target(op: Operation) -> str:
+  return op.target
 
 
 @dataclasses.dataclass
@@ -110,8 +124,10 @@ def parse(text: str) -> Dict[str, Computation]:
     name, shape, opcode, rest = match.groups()
     op_name = _OP_NAME.search(rest)
     calls = [c.strip().lstrip("%") for group in _CALLS.findall(rest) for c in group.split(",")]
+    target = _TARGET.search(rest)
     current.operations.append(Operation(name, opcode, shape, _operand_names(rest),
-                                        op_name.group(1) if op_name else "", calls))
+                                        op_name.group(1) if op_name else "", calls,
+                                        target.group(1) if target else ""))
   return computations
 
 
@@ -190,8 +206,13 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
         # (the start's own result is a tuple holding both, plus a context).
         start = by_name[operands[0]]
         operands, op = start.operands, dataclasses.replace(start, shape=op.shape)
-      moved = shape_bytes(op.shape) + sum(
-          shape_bytes(by_name[o].shape) for o in operands if o in by_name)
+      if op.opcode in _SLICES:   # reads only the slice it writes, not its whole operand
+        moved = 2 * shape_bytes(op.shape)
+      elif op.opcode == "custom-call" and _target(op) in _FREE_TARGETS:
+        continue
+      else:
+        moved = shape_bytes(op.shape) + sum(
+            shape_bytes(by_name[o].shape) for o in operands if o in by_name)
       fused = _fused_opcodes(computations, op.calls) if op.opcode in ("fusion", "async-start",
                                                                        "custom-call") else set()
       counted.append((moved, categorize(op, fused), op))
