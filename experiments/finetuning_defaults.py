@@ -49,9 +49,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute settings; the architecture comes from the checkpoint. causal_attention=True fine-tunes
   # the left-to-right ablation (pre-trained with --config.objective=ltr) left to right.
   # kernels: "auto" picks the hand-tuned or textbook building blocks per backend (BertConfig).
+  # attention: auto | xla | splash | cudnn (BertConfig.attention; the fused kernels have no
+  # attention dropout, so in training "auto" keeps xla unless the checkpoint's dropout is 0).
   c.model = ml_collections.ConfigDict(dict(dtype="float32", scan_layers=False, remat=False,
+                                           remat_policy="nothing_saveable",
                                            causal_attention=False, float32_attention_logits=True,
-                                           kernels="auto"))
+                                           kernels="auto", attention="auto"))
 
   c.log_every_steps = 50
   c.eval_every_steps = 0             # 0: evaluate on the whole dev set after every epoch

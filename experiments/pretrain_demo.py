@@ -14,8 +14,13 @@ Expected result (measured on an idle 2-core CPU, 2026-11-24): held-out masked-LM
 at step 500, 0.169 at 1,000, 0.179 at 1,500, 0.187 at 2,000, 0.194 at 2,500 and 0.200 at 3,000
 (always predicting the most frequent token scores 0.042), NSP accuracy 0.75; 6-7 steps/s
 (~210 sequences/s) once compiled, 9 min 49 s in all with data preparation and compiling. The
-values are deterministic for a given machine and move by about 0.005 with any change to the
-random streams. Why this recipe and not a bigger model or vocabulary: benchmarks/RESULTS.md.
+values are bitwise the same on every run of one machine and set of versions
+(tests/test_environment.py), and move by about 0.005 with any change to the random streams. On
+another CPU they differ, because XLA compiles the step for the host's instruction set: on a 2-core
+Intel Xeon with AVX-512 and AMX (2026-11-25, jax 0.10.2, the same versions), 0.148 / 0.167 /
+0.173 / 0.179 / 0.184 / 0.189 at steps 500-3,000 (two runs, identical), and with
+XLA_FLAGS=--xla_cpu_max_isa=AVX2 on that machine 0.145 / 0.169 / 0.180 / 0.188 / 0.193 / 0.197.
+WORKDIR/environment.jsonl records the machine and versions of each run. Why this recipe and not a bigger model or vocabulary: benchmarks/RESULTS.md.
 `:quick` runs a few steps on a few hundred documents (the tests use it).
 """
 from experiments import pretrain_bert_base, pretraining_defaults

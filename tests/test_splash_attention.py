@@ -153,3 +153,4 @@ def test_under_a_data_and_model_mesh_the_kernel_runs_per_device():
   assert report["shard_map"]
   np.testing.assert_allclose(*report["value"], rtol=1e-5)
   assert report["grad_diff"] < 1e-4
+

@@ -321,17 +321,21 @@ class BertEncoder(nn.Module):
   def __call__(self, x, bias, deterministic: bool, output_hidden_states: bool = False):
     """Returns (last hidden [B, S, H], all layer outputs [L, B, S, H] or None)."""
     c = self.config
+    # nn.remat's own default (policy None) is "nothing saveable": kept as it was.
+    policy = (None if c.remat_policy == "nothing_saveable"
+              else getattr(jax.checkpoint_policies, c.remat_policy))
+    remat = functools.partial(nn.remat, static_argnums=(3,), policy=policy)
     if c.scan_layers:
       body = _ScannedLayer
       if c.remat:
-        body = nn.remat(body, static_argnums=(3,))
+        body = remat(body)
       scanned = nn.scan(
           body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
           in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
       x, stacked = scanned(c, name="layer")(x, bias, deterministic)
       return x, (stacked if output_hidden_states else None)
-    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if c.remat else BertLayer
+    layer_cls = remat(BertLayer) if c.remat else BertLayer
     outputs = []
     for i in range(c.num_hidden_layers):
       x = layer_cls(c, name=f"layer_{i}")(x, bias, deterministic)
