@@ -7,8 +7,10 @@ atomically, so a run killed mid-save leaves no half checkpoint behind. A step di
 complete but unreadable (truncated or corrupted on disk) is moved to `WORKDIR/checkpoints_corrupt/`
 with a loud message and the previous one is used; a run never silently restarts from scratch.
 """
+import contextlib
 import dataclasses
 import os
+import re
 import time
 from typing import Any, Optional, Tuple
 
@@ -20,6 +22,16 @@ from etils import epath
 from bert_jax.io import filesystem
 
 BERT_CONFIG = "bert_config.json"
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (a full disk, a store that refused it): the run stops,
+  and the newest complete checkpoint before it is where the same command resumes."""
+
+
+# How storage layers say "no space": errno ENOSPC, TensorStore's RESOURCE_EXHAUSTED, quotas.
+_NO_SPACE = ("No space left on device", "RESOURCE_EXHAUSTED", "Disk quota exceeded",
+             "ENOSPC", "Failed to write")
 
 
 class InputMovedError(FileNotFoundError):
@@ -104,10 +116,36 @@ class TrainingCheckpointer:
     items = {"state": ocp.args.StandardSave(state)}
     if iterator is not None:
       items["data"] = DataIteratorSave(iterator)
-    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+    with self._write_errors(step):
+      return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with self._write_errors(self._manager.latest_step()):
+      self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _write_errors(self, step):
+    """A failed write as one clear error: the step, the directory, the cause's first line and
+    where the run resumes (Orbax's own error is a thread's traceback; the half-written step
+    stays a `*.orbax-checkpoint-tmp` directory, which the next start removes)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      message = str(e)
+      full = any(marker in message for marker in _NO_SPACE) or getattr(e, "errno", None) == 28
+      # Orbax finishes a save in a thread: its error can surface at the next save. The path in
+      # the message names the step that failed.
+      failed = re.search(r"/(\d+)\.orbax-checkpoint-tmp", message)
+      step = int(failed.group(1)) if failed else step
+      previous = [s for s in self._manager.all_steps() if step is None or s < step]
+      resume = (f"the checkpoint at step {max(previous)} is the newest complete one"
+                if previous else "there is no complete checkpoint yet")
+      cause = "the disk is full" if full else type(e).__name__
+      raise CheckpointWriteError(
+          f"Could not write the checkpoint at step {step} in {self.directory}: {cause} "
+          f"({message.splitlines()[0][:300] if message else ''}). Nothing complete was lost: "
+          f"{resume}; {'free space and ' if full else ''}run the same command again to resume "
+          "from it.") from None
 
   def close(self) -> None:
     self._manager.wait_until_finished()

@@ -244,9 +244,8 @@ class BertSelfAttention(nn.Module):
     q = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "query")(x))   # [B, S, N, D]
     k = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "key")(x))     # [B, S, N, D]
     v = split(_dense(c, c.hidden_size, ("embed", "joined_kv"), "value")(x))   # [B, S, N, D]
-    kind = attention_kind(c, deterministic, seq_len)
     implementation = attention_implementation(c, deterministic)
-    if kind == "splash":  # `bias` holds the [B, S] segment ids (BertModel)
+    if bias.ndim == 2:  # [B, S] segment ids: BertModel chose the splash kernel
       context = splash.splash_attention(q, k, v, bias, c.causal_attention)    # [B, S, N, D]
     elif implementation is not None:
       context = fused_attention(q, k, v, bias, implementation)                # [B, S, N, D]
@@ -393,7 +392,10 @@ class BertModel(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)   # [B, S, H]
-    if attention_kind(c, deterministic, input_ids.shape[-1]) == "splash":
+    # Initialisation traces the model on a short dummy sequence; the parameters are the same
+    # whichever way attention is computed.
+    if (not self.is_initializing()
+        and attention_kind(c, deterministic, input_ids.shape[-1]) == "splash"):
       bias = splash.segment_ids(attention_mask)               # [B, S]: what the kernel masks by
     else:
       bias = attention_bias(attention_mask, c.causal_attention)   # [B, 1, S or 1, S]
