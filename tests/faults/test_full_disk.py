@@ -1,0 +1,75 @@
+"""A full disk during a checkpoint: the workdir on a real small file system (tmpfs, mounted by the
+test; root only) fills up while the third checkpoint is written. The run stops with an error that
+names the step, the directory and the newest complete checkpoint; once space is freed the same
+command resumes from that checkpoint and ends exactly as an uninterrupted run."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
+             "--config.eval_every_steps=8"]
+
+
+def _demo(workdir):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run([sys.executable, "-m", "bert_jax.main",
+                         "--config=experiments/pretrain_demo.py:quick", f"--workdir={workdir}",
+                         *OVERRIDES], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+
+
+def _untimed(workdir):
+  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(workdir)]
+
+
+def _kib(path):
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+             for f in files) // 1024 + 1
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a small tmpfs needs root")
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+
+  def mount(kib, remount=False):
+    options = f"{'remount,' if remount else ''}size={kib}k"
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode:
+      pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+
+  yield mount_point, mount
+  subprocess.run(["umount", str(mount_point)], capture_output=True)
+
+
+def test_a_full_disk_stops_the_run_and_the_same_command_resumes(small_disk, tmp_path):
+  reference = str(tmp_path / "reference")
+  assert _demo(reference).returncode == 0
+  checkpoints = os.path.join(reference, "checkpoints")
+  # Room for the data, the metrics and two checkpoints, not a third.
+  room = (_kib(os.path.join(reference, "data")) + _kib(os.path.join(checkpoints, "2"))
+          + _kib(os.path.join(checkpoints, "4")) + 256)
+  mount_point, mount = small_disk
+  mount(room)
+  workdir = str(mount_point / "run")
+
+  failed = _demo(workdir)
+  assert failed.returncode != 0
+  assert "CheckpointWriteError" in failed.stderr and "the disk is full" in failed.stderr
+  assert "checkpoint at step 4 is the newest complete one" in failed.stderr
+  assert os.path.join(workdir, "checkpoints") in failed.stderr
+  assert {"2", "4"} <= set(os.listdir(os.path.join(workdir, "checkpoints")))
+
+  mount(room * 4, remount=True)   # space freed
+  resumed = _demo(workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from the checkpoint at step 4" in resumed.stdout
+  assert _untimed(workdir) == _untimed(reference)
