@@ -114,7 +114,7 @@ def parse(text: str) -> Dict[str, Computation]:
       if header:
         current = Computation(header.group(2), bool(header.group(1)), [])
       continue
-    if line.startswith("}"):
+    if line.rstrip() == "}":   # a custom call's backend config may span lines starting with "}"
       computations[current.name] = current
       current = None
       continue
