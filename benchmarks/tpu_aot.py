@@ -6,6 +6,13 @@ the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
     --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1] \
     [--kernels="tuned;textbook"]
 
+  python -m benchmarks.tpu_aot --sizes=base --seqs=128 --slices=v5litepod-8 --batch=256 \
+    --variants='shipped=;bf16=model.dtype=bfloat16;splash=model.dtype=bfloat16,\
+model.attention=splash,model.attention_probs_dropout_prob=0;fsdp=...,fsdp=true'
+
+compiles one step per variant (config overrides on top of the shipped experiment, float32) and
+prints each with `bytes_by_category`: the before/after table of a change to the step.
+
 The paper's recipe (batch 256, 1M steps) is translated into wall-clock and chip-hours per slice
 from the roofline step time (`estimated_days`, `chip_hours`): a lower bound, since the roofline
 leaves out input feeding, host work, collectives' latency and XLA's real schedule.
@@ -58,6 +65,13 @@ def main():
   parser.add_argument("--kernels", default="auto",
                       help="config.model.kernels, a comma list of variants to compare, e.g. "
                       "tuned,textbook (BertConfig.kernels values separated by ';')")
+  parser.add_argument("--variants", default="",
+                      help="instead of the grid: one compile per ';'-separated list of "
+                      "config overrides (NAME=key=value,key=value, e.g. "
+                      "'bf16=model.dtype=bfloat16;splash=model.dtype=bfloat16,"
+                      "model.attention=splash,model.attention_probs_dropout_prob=0'), of the "
+                      "first --sizes/--seqs/--slices cell, each printed with its "
+                      "bytes_by_category: the before/after table of a change to the step")
   parser.add_argument("--table", default="",
                       help="instead of compiling: the markdown tables from JSON lines this "
                       "script printed (files, comma-separated; --find_max_batch lines fill the "
@@ -66,6 +80,20 @@ def main():
   if args.table:
     print(markdown_tables([json.loads(line) for path in args.table.split(",")
                            for line in open(path, encoding="utf-8") if line.startswith("{")]))
+    return
+  if args.variants:
+    size, seq = args.sizes.split(",")[0], int(args.seqs.split(",")[0])
+    for variant in filter(None, args.variants.split(";")):
+      name, _, overrides = variant.partition("=")
+      config = config_for(size, seq, args.packing == "on", args.batch, args.model_parallelism,
+                          args.scan_layers, args.remat)
+      config.model.dtype = "float32"   # the shipped experiments' default; a variant sets it
+      for item in filter(None, overrides.split(",")):
+        key, _, value = item.partition("=")
+        _set(config, key, value)
+      with redirect_stdout(sys.stderr):
+        report = compile_report.run(config, tempfile.mkdtemp(), args.slices.split(",")[0])
+      print(json.dumps(variant_row(name, report)), flush=True)
     return
   for size in args.sizes.split(","):
     for seq in map(int, args.seqs.split(",")):
@@ -97,6 +125,30 @@ def main():
             row["estimated_days"] = round(seconds / 86400, 2)
             row["chip_hours"] = round(seconds / 3600 * report["num_devices"], 1)
           print(json.dumps(row), flush=True)
+
+
+def _set(config, dotted: str, text: str) -> None:
+  """config[a][b] = text parsed as the field's type (bool, int, float or str)."""
+  *parents, last = dotted.split(".")
+  for key in parents:
+    config = config[key]
+  old = config[last]
+  config[last] = (text.lower() in ("1", "true") if isinstance(old, bool)
+                  else type(old)(text) if old is not None else text)
+
+
+def variant_row(name: str, report) -> dict:
+  """One --variants line: memory, bytes (XLA's, and by category), roofline and MFU."""
+  memory = report.get("memory_per_device") or {}
+  return {"variant": name, "topology": report["topology"], "fits": report["fits"],
+          "global_batch_size": report["global_batch_size"],
+          "gib_per_device": round(memory.get("total_bytes", 0) / 2 ** 30, 2) or None,
+          "bytes_accessed_per_device": report.get("bytes_accessed_per_device"),
+          "bytes_by_category": report.get("bytes_by_category"),
+          "flops_per_step": report.get("flops_per_step"),
+          "model_flops_per_step": report["model_flops_per_step"],
+          "roofline_step_seconds": report.get("roofline_step_seconds"),
+          "estimated_mfu": report.get("estimated_mfu")}
 
 
 def markdown_tables(rows) -> str:
