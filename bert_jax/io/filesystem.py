@@ -157,10 +157,56 @@ class _GFileRaw(io.RawIOBase):
     super().close()
 
 
+class NotUtf8Error(ValueError):
+  """A text file that is not valid UTF-8, named with the line (and byte) where it stops being."""
+
+
+class _NamedTextFile(io.TextIOWrapper):
+  """A text file whose decoding errors name the file and the line: Python's own say only which
+  byte of which internal chunk, not of which file (a GLUE TSV saved as Latin-1, say)."""
+
+  def __init__(self, buffer, path: str, **kwargs):
+    super().__init__(buffer, **kwargs)
+    self._path = path
+
+  def _error(self, error: UnicodeDecodeError) -> NotUtf8Error:
+    # Text is decoded a chunk ahead of the lines handed out, so the line is found in the bytes:
+    # the newlines before the first byte that does not decode.
+    with open(self._path, "rb") as raw:
+      data = raw.read()
+    try:
+      data.decode(self.encoding)
+      where = error.start
+    except UnicodeDecodeError as whole:
+      where = whole.start
+    line = data[:where].count(b"\n") + 1
+    return NotUtf8Error(f"{self._path}:{line}: not valid UTF-8 (byte "
+                        f"{data[where:where + 1]!r} at offset {where}); save the file as UTF-8")
+
+  def __next__(self):
+    try:
+      return super().__next__()
+    except UnicodeDecodeError as e:
+      raise self._error(e) from None
+
+  def readline(self, size=-1):
+    try:
+      return super().readline(size)
+    except UnicodeDecodeError as e:
+      raise self._error(e) from None
+
+  def read(self, size=-1):
+    try:
+      return super().read(size)
+    except UnicodeDecodeError as e:
+      raise self._error(e) from None
+
+
 def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[str] = None,  # noqa: A001
          newline: Optional[str] = None) -> IO:
-  """A file object; text modes are UTF-8 (as everywhere in the project). `errors` and `newline`
-  mean what they mean to Python's `open`, for URLs too (text goes through `io.TextIOWrapper`)."""
+  """A file object; text modes are UTF-8 (as everywhere in the project), and a file that is not
+  raises `NotUtf8Error` naming the file and line. `errors` and `newline` mean what they mean to
+  Python's `open`, for URLs too (text goes through `io.TextIOWrapper`)."""
   if is_url(path):
     if "b" in mode and "r" not in mode:
       return _gfile().GFile(path, mode)
@@ -169,9 +215,14 @@ def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[s
                 else io.BufferedWriter(raw, 1 << 20))
     if "b" in mode:
       return buffered
+    if raw.readable():
+      return _NamedTextFile(buffered, path, encoding=encoding, errors=errors, newline=newline)
     return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline)
   if "b" in mode:
     return builtins.open(path, mode)
+  if "r" in mode and "+" not in mode:
+    return _NamedTextFile(builtins.open(path, "rb"), path, encoding=encoding, errors=errors,
+                          newline=newline)
   return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
 
 

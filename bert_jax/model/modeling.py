@@ -124,6 +124,21 @@ def attention_bias(attention_mask: Array, causal: bool, dtype=jnp.float32) -> Ar
   return jnp.where(mask, 0.0, _MASK_VALUE).astype(dtype)[:, None]      # [B, 1, S or 1, S]
 
 
+def batch_sharded(x: Array) -> Array:
+  """`x` [B, ...] kept split along the mesh's `data` axis by its batch dimension, where a step is
+  traced under a mesh (`parallel.strategies.UnderMesh`) with such an axis; unchanged otherwise.
+
+  With the parameters also split along `data` (config.fsdp) the compiler could otherwise move the
+  activations to match a weight's layout; pinned to the batch, it gathers the weights instead
+  (what fully sharded data parallelism means). Without fsdp it is the layout the step has anyway.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "data" not in mesh.axis_names or mesh.shape["data"] == 1:
+    return x
+  return jax.lax.with_sharding_constraint(
+      x, jax.sharding.PartitionSpec("data", *([None] * (x.ndim - 1))))
+
+
 class BertEmbeddings(nn.Module):
   """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""
   config: BertConfig
@@ -309,7 +324,7 @@ class _ScannedLayer(nn.Module):
   def __call__(self, x, bias, deterministic: bool):
     # `deterministic` is static (scan broadcasts it); the layer output is both the carry and the
     # per-layer output that becomes the stacked hidden states.
-    x = BertLayer(self.config, name="layer")(x, bias, deterministic)
+    x = batch_sharded(BertLayer(self.config, name="layer")(x, bias, deterministic))
     return x, x
 
 
@@ -337,7 +352,7 @@ class BertEncoder(nn.Module):
     layer_cls = remat(BertLayer) if c.remat else BertLayer
     outputs = []
     for i in range(c.num_hidden_layers):
-      x = layer_cls(c, name=f"layer_{i}")(x, bias, deterministic)
+      x = batch_sharded(layer_cls(c, name=f"layer_{i}")(x, bias, deterministic))
       outputs.append(x)
     return x, (jnp.stack(outputs) if output_hidden_states else None)
 
@@ -391,7 +406,8 @@ class BertModel(nn.Module):
       attention_mask = jnp.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)   # [B, S, H]
+    x = batch_sharded(self.embeddings(input_ids, token_type_ids, position_ids,
+                                      deterministic))                         # [B, S, H]
     # Initialisation traces the model on a short dummy sequence; the parameters are the same
     # whichever way attention is computed.
     if (not self.is_initializing()
