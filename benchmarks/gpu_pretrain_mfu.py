@@ -44,7 +44,6 @@ import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
 from bert_jax.model import flops, modeling  # noqa: E402
-from bert_jax.runtime import optim  # noqa: E402
 from bert_jax.tasks import pretraining  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
@@ -119,17 +118,11 @@ def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, s
                               attention_pairs=attention, predictions=predictions, pairs=pairs)
 
 
-def xla_attention_always(config, deterministic):
-  """`modeling.attention_implementation` for a probe: the XLA path even where cuDNN applies."""
-  del config, deterministic
-  return None
-
-
 # --variants: (swaps, config.model overrides). The kernel ablations (benchmarks/ablations.py:
 # current, tuned, each part in textbook form, textbook) and the other model options are config
-# changes; only the xla_no_dropout probe still patches a module attribute ((module, attribute,
-# replacement) swaps, bench_util.swapped). Each is compiled in the same process and timed in the
-# same interleaved rounds.
+# changes (no swaps left: (module, attribute, replacement) triples for bench_util.swapped, kept
+# for probes that are not options). Each is compiled in the same process and timed in the same
+# interleaved rounds.
 GPU_VARIANTS = {**{name: ((), changes) for name, changes in ablations.kernel_variants().items()},
                 # the model option: attention logits in bfloat16, upcast for the softmax
                 "bf16_attention_logits": ((), {"float32_attention_logits": False}),
@@ -137,9 +130,8 @@ GPU_VARIANTS = {**{name: ((), changes) for name, changes in ablations.kernel_var
                 "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0}),
                 # probes (change the recipe): what dropout costs on the XLA attention path
                 "no_hidden_dropout": ((), {"hidden_dropout_prob": 0.0}),
-                "xla_no_dropout": (((modeling, "attention_implementation", xla_attention_always),),
-                                   {"hidden_dropout_prob": 0.0,
-                                    "attention_probs_dropout_prob": 0.0})}
+                "xla_no_dropout": ((), {"attention": "xla", "hidden_dropout_prob": 0.0,
+                                        "attention_probs_dropout_prob": 0.0})}
 
 
 def jax_config(args, overrides=()):
@@ -162,14 +154,12 @@ def jax_step(args, batch, variant="current"):
   """A callable running `steps` train steps of `variant` (compiled here), and its attention."""
   swaps, overrides = GPU_VARIANTS[variant]
   c = jax_config(args, overrides)
-  model = pretraining.build_model(c)
-  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
+  job = pretraining.make_job(c)   # the very step a pre-training run trains
   start = time.perf_counter()
-  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
+  state = jax.jit(job.init_state)()
   jax.block_until_ready(state)
   print(f"[{variant}] init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
-  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
-                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
+  step = jax.jit(job.train_step, donate_argnums=(0,))
   device_batch = jax.device_put(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()

@@ -47,38 +47,18 @@ from typing import Any, Callable, Dict, Optional
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import parallel
 from bert_jax.io import filesystem
-from bert_jax.model import flops, kernels, modeling, splash
+from bert_jax.model import flops, kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
-from bert_jax.runtime import optim, outputs
+from bert_jax.runtime import outputs
 from bert_jax.runtime.state import TrainState
 from bert_jax.tasks import pretraining
-from data_pipelines import features as F
-from data_pipelines import packing
 
 REPORT_FILE = "compile_report.json"
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
-
-
-def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
-  """A host batch with the shapes and dtypes the training pipeline gives the step (packed rows
-  with `config.data.packing`, unless `packed` says otherwise: evaluation is never packed)."""
-  s, p = config.max_seq_length, config.max_predictions_per_seq
-  ids = np.zeros((1, s), np.int32)
-  ids[0, :4] = 1
-  batch = {F.INPUT_IDS: ids, F.INPUT_MASK: (ids > 0).astype(np.int32),
-           F.SEGMENT_IDS: np.zeros((1, s), np.int32),
-           F.MASKED_LM_POSITIONS: np.zeros((1, p), np.int32),
-           F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
-           F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
-           F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
-  if config.data.get("packing", False) if packed is None else packed:
-    batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
-  return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
 
 
 def _abstract(tree, shardings):
@@ -149,30 +129,6 @@ class _Target:
   par: Any
 
 
-def _model_flops(config, global_batch: int) -> float:
-  c = pretraining.bert_config_from(config)
-  s = config.max_seq_length
-  packed = config.data.get("packing", False)
-  pairs = global_batch * (config.data.max_pairs_per_row if packed else 1)
-  return flops.training_flops(
-      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-      tokens=global_batch * s, attention_pairs=global_batch * s * s,
-      predictions=global_batch * config.max_predictions_per_seq, pairs=pairs)
-
-
-def _splash_flops(bert_config, rows: int, seq_len: int) -> float:
-  """The training FLOPs of the step's splash-attention kernels on a TPU: XLA's cost analysis
-  counts a custom call as almost nothing (a BERT-base forward and backward compiled for v5e:
-  1.6 MFLOP), so the report adds the kernels' analytic count."""
-  with kernels.compiling_for("tpu"):
-    kind = modeling.attention_kind(bert_config, deterministic=False, seq_len=seq_len)
-  if kind != "splash":
-    return 0.0
-  return bert_config.num_hidden_layers * splash.attention_flops(
-      rows, bert_config.num_attention_heads, seq_len, bert_config.head_dim,
-      bert_config.causal_attention)
-
-
 @dataclasses.dataclass
 class _Steps:
   """A job's steps, uncompiled: init (for shapes), train and eval functions, example batches."""
@@ -188,28 +144,17 @@ class _Steps:
 
 
 def _pretraining_steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
+  """The pre-training job's own steps (`pretraining.make_job`: what trains is what compiles)."""
   pretraining.check_config(config)
   if layers is not None:
     config = config.copy_and_resolve_references()
     config.model.update(num_hidden_layers=layers, scan_layers=False)
-  model = pretraining.build_model(config)
-  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
-  rng = jax.random.PRNGKey(config.seed)
-  param_axes = sharding.logical_axes(
-      model.init, rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
-  eval_batch = example_batch(config, config.eval_batch_size, packed=False)
-  eval_batch.update(example_weight=np.ones(config.eval_batch_size, np.float32))
+  job = pretraining.make_job(config)
   return _Steps(
-      model=model,
-      init_state=lambda: pretraining.create_train_state(config, model, tx, rng),
-      param_axes=param_axes,
-      train_step=functools.partial(pretraining.train_step, model=model, tx=tx,
-                                   objective=config.objective, schedule=schedule,
-                                   grad_accum_steps=config.grad_accum_steps),
-      train_batch=example_batch(config, global_batch),
-      eval_step=functools.partial(pretraining.eval_step, model=model, objective=config.objective),
-      eval_batch=eval_batch, model_flops=_model_flops(config, global_batch),
-      kernel_flops=_splash_flops(model.config, global_batch, config.max_seq_length))
+      model=job.model, init_state=job.init_state, param_axes=job.param_axes,
+      train_step=job.train_step, train_batch=job.example_batch(global_batch),
+      eval_step=job.eval_step, eval_batch=job.example_eval_batch(config.eval_batch_size),
+      model_flops=job.model_flops(global_batch), kernel_flops=job.kernel_flops(global_batch))
 
 
 # config.task -> the module whose get_task(config) defines a fine-tuning task
@@ -255,7 +200,7 @@ def _finetuning_steps(config, global_batch: int, layers: Optional[int] = None) -
           c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
           tokens=sequences * ids.shape[-1], attention_pairs=sequences * ids.shape[-1] ** 2,
           predictions=0, pairs=sequences),
-      kernel_flops=_splash_flops(bert_config, sequences, ids.shape[-1]))
+      kernel_flops=flops.kernel_training_flops(bert_config, sequences, ids.shape[-1]))
 
 
 def _steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:

@@ -24,13 +24,15 @@ from absl import logging
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import kernels, modeling
+from bert_jax.model import flops, kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
 from bert_jax.runtime import step as step_core
+from bert_jax.runtime.job import Job
 from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Trainer
 from bert_jax.runtime.state import TrainState
+from data_pipelines import features as F
 from data_pipelines import packing
 
 OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
@@ -390,12 +392,61 @@ def _prepare_text_files(config, workdir: str) -> None:
   workdir_data.prepare(config, workdir, documents, f"{len(files)} text file(s)")
 
 
-def _initial_state(config, model, tx, par, init_rng):
-  """A fresh train state on the devices (sharded by the logical-axis rules)."""
-  # Logical axis names of the parameters: with config.model_parallelism > 1 they shard the state.
+def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
+  """A host batch with the shapes and dtypes the training pipeline gives the step (packed rows
+  with `config.data.packing`, unless `packed` says otherwise: evaluation is never packed)."""
+  s, p = config.max_seq_length, config.max_predictions_per_seq
+  ids = np.zeros((1, s), np.int32)
+  ids[0, :4] = 1
+  batch = {F.INPUT_IDS: ids, F.INPUT_MASK: (ids > 0).astype(np.int32),
+           F.SEGMENT_IDS: np.zeros((1, s), np.int32),
+           F.MASKED_LM_POSITIONS: np.zeros((1, p), np.int32),
+           F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
+           F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
+           F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
+  if config.data.get("packing", False) if packed is None else packed:
+    batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
+  return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
+
+
+def _example_eval_batch(config, rows: int) -> Dict[str, np.ndarray]:
+  batch = example_batch(config, rows, packed=False)
+  batch["example_weight"] = np.ones(rows, np.float32)
+  return batch
+
+
+def model_flops(config, rows: int) -> float:
+  """The analytic training FLOPs of a step of `rows` rows (`model.flops`)."""
+  c = bert_config_from(config)
+  s = config.max_seq_length
+  pairs = rows * (config.data.max_pairs_per_row if config.data.get("packing", False) else 1)
+  return flops.training_flops(
+      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+      tokens=rows * s, attention_pairs=rows * s * s,
+      predictions=rows * config.max_predictions_per_seq, pairs=pairs)
+
+
+def make_job(config: ml_collections.ConfigDict) -> Job:
+  """The pre-training job `config` describes (runtime.job): what trains and what
+  `--compile_for` compiles."""
+  model = build_model(config)
+  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
+  init_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]
+  # Logical axis names of the parameters: with model_parallelism > 1 or fsdp they shard the state.
   param_axes = sharding.logical_axes(
       model.init, init_rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
-  return par.init_state(lambda: create_train_state(config, model, tx, init_rng), param_axes)
+  return Job(
+      name="pretraining", model=model, tx=tx, schedule=schedule,
+      init_state=lambda: create_train_state(config, model, tx, init_rng),
+      param_axes=param_axes,
+      train_step=functools.partial(train_step, model=model, tx=tx, objective=config.objective,
+                                   schedule=schedule, grad_accum_steps=config.grad_accum_steps),
+      eval_step=functools.partial(eval_step, model=model, objective=config.objective),
+      example_batch=functools.partial(example_batch, config),
+      example_eval_batch=functools.partial(_example_eval_batch, config),
+      model_flops=functools.partial(model_flops, config),
+      kernel_flops=lambda rows: flops.kernel_training_flops(model.config, rows,
+                                                            config.max_seq_length))
 
 
 def _from_init_checkpoint(config, tx, par, state):
@@ -414,14 +465,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   check_config(config)
   adopt_checkpoint(config)
   workdir = _prepare_workdir(config, workdir)
-  model = build_model(config)
-  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
+  job = make_job(config)
   par = parallel.create(config)
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  state = _initial_state(config, model, tx, par, init_rng)
-  p_train_step = par.compile_step(functools.partial(
-      train_step, model=model, tx=tx, objective=config.objective, schedule=schedule,
-      grad_accum_steps=config.grad_accum_steps))
+  dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))[1]
+  state = par.init_state(job.init_state, job.param_axes)
+  p_train_step = par.compile_step(job.train_step)
 
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
@@ -430,12 +478,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                     LoopSettings.from_config(config, config.num_train_steps), iterator=iterator)
   state = trainer.restore(state)
   if not trainer.resumed and config.init_checkpoint:
-    state = _from_init_checkpoint(config, tx, par, state)
+    state = _from_init_checkpoint(config, job.tx, par, state)
 
   evaluate_fn = None
   if config.eval_every_steps and config.data.eval_input_files:
-    p_eval_step = par.compile_eval(functools.partial(eval_step, model=model,
-                                                     objective=config.objective))
+    p_eval_step = par.compile_eval(job.eval_step)
     evaluate_fn = lambda st, step: evaluate(config, st.params, p_eval_step, par)
     if config.get("eval_before_training") and trainer.start_step == 0:
       # Where training starts from (continued pre-training: the released model on this corpus).
