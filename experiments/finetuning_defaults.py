@@ -63,6 +63,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.grad_accum_steps = 1             # micro-batches per update (same update as the batch)
   c.max_consecutive_skips = 10       # abort after this many non-finite steps in a row
+  # "START,COUNT": a jax.profiler trace of steps START+1..START+COUNT in WORKDIR/profile
+  # (TensorBoard's profile plugin, Perfetto); "" for none.
+  c.profile_steps = ""
   config_names.reserve(c)            # train_batch_size: an error naming global_batch_size
 
   c.data = ml_collections.ConfigDict()

@@ -56,6 +56,9 @@ def test_large_config_is_the_paper_size():
   model = _config("pretrain_bert_large", "phase=1").model
   assert (model.num_hidden_layers, model.hidden_size, model.num_attention_heads) == (24, 1024, 16)
   assert _config("pretrain_bert_large", "phase=2").max_seq_length == 512
+  # bfloat16 compute on the accelerators these recipes are for; the CPU quick runs stay float32.
+  assert model.dtype == _config("pretrain_bert_base", "phase=2").model.dtype == "bfloat16"
+  assert _config("pretrain_bert_base", "phase=1,quick").model.dtype == "float32"
 
 
 def test_lamb_large_batch_with_accumulation(demo_data, tmp_path):

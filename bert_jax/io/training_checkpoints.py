@@ -100,6 +100,7 @@ class TrainingCheckpointer:
     self.corrupt_directory = filesystem.join(filesystem.absolute(workdir), "checkpoints_corrupt")
     self._keep = keep
     self._async = async_save
+    self.restored_clock = 0.0   # the training clock saved with the restored checkpoint
     self._manager = self._new_manager()
 
   def _new_manager(self) -> ocp.CheckpointManager:
@@ -107,15 +108,19 @@ class TrainingCheckpointer:
                                            enable_async_checkpointing=self._async,
                                            cleanup_tmp_directories=True)
     return _CheckpointManager(epath.Path(self.directory), options=options,
-                              item_names=("state", "data"))
+                              item_names=("state", "data", "clock"))
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
-  def save(self, step: int, state, iterator=None, force: bool = False) -> bool:
+  def save(self, step: int, state, iterator=None, force: bool = False,
+           train_seconds: Optional[float] = None) -> bool:
+    """`train_seconds`: the run's training clock at `step`, restored with it (`restored_clock`)."""
     items = {"state": ocp.args.StandardSave(state)}
     if iterator is not None:
       items["data"] = DataIteratorSave(iterator)
+    if train_seconds is not None:
+      items["clock"] = ocp.args.JsonSave({"train_seconds": float(train_seconds)})
     with self._write_errors(step):
       return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
@@ -166,15 +171,22 @@ class TrainingCheckpointer:
       items = {"state": ocp.args.StandardRestore(abstract_state)}
       if iterator is not None:
         items["data"] = DataIteratorRestore(iterator)
+      # Checkpoints written before the clock was saved have none: the clock then starts at 0.
+      has_clock = filesystem.exists(filesystem.join(self.directory, str(step), "clock"))
+      if has_clock:
+        items["clock"] = ocp.args.JsonRestore()
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        self.restored_clock = float(restored["clock"]["train_seconds"]) if has_clock else 0.0
         return step, restored["state"]
       except Exception as e:  # pylint: disable=broad-except
         moved = _cause(e, InputMovedError)
         if moved is None:
           self._set_aside(step, e)
           continue
-      state = self._manager.restore(step, args=ocp.args.Composite(state=items["state"]))
+      state = self._manager.restore(step, args=ocp.args.Composite(
+          **{k: v for k, v in items.items() if k != "data"}))
+      self.restored_clock = float(state["clock"]["train_seconds"]) if has_clock else 0.0
       print(f"{moved}. The checkpoint at step {step} is good: its state is restored and the "
             f"input position replayed from the files as configured now ({step} batches).",
             flush=True)

@@ -22,6 +22,7 @@ What it does, the same for every job:
   abort the run with `NonFiniteLossError`.
 * only process 0 writes metrics (`runtime.outputs`).
 """
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -41,6 +42,66 @@ class NonFiniteLossError(RuntimeError):
   pass
 
 
+class TrainClock:
+  """Seconds spent training: paused while the loop evaluates and checkpoints, saved with every
+  checkpoint and continued by a resumed run, so `train_seconds` in metrics.jsonl is a run's true
+  training time (what a time-to-quality budget counts), however often it was interrupted."""
+
+  def __init__(self, seconds: float = 0.0):
+    self.seconds, self._since = seconds, None
+
+  def start(self) -> None:
+    self._since = time.perf_counter()
+
+  def stop(self) -> None:
+    if self._since is not None:
+      self.seconds += time.perf_counter() - self._since
+      self._since = None
+
+  def read(self) -> float:
+    return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+  @contextlib.contextmanager
+  def paused(self):
+    running = self._since is not None
+    self.stop()
+    try:
+      yield
+    finally:
+      if running:
+        self.start()
+
+
+class Profiler:
+  """`config.profile_steps="START,COUNT"`: a jax.profiler trace of steps START+1 .. START+COUNT
+  in WORKDIR/profile (TensorBoard's profile plugin or Perfetto read it); "" for none."""
+
+  def __init__(self, spec: str, workdir: str):
+    self.start_step = self.stop_step = -1
+    if spec:
+      try:
+        start, count = (int(x) for x in str(spec).split(","))
+      except ValueError:
+        raise ValueError(f"config.profile_steps={spec!r}: expected 'START,COUNT', e.g. '100,5'"
+                         ) from None
+      self.start_step, self.stop_step = start, start + count
+    self.directory = workdir.rstrip("/") + "/profile"
+    self._tracing = False
+
+  def before_step(self, step: int) -> None:
+    if step == self.start_step and not self._tracing:
+      jax.profiler.start_trace(self.directory)
+      self._tracing = True
+
+  def after_step(self, step: int, outputs) -> None:
+    if self._tracing and step >= self.stop_step:
+      jax.block_until_ready(outputs)
+      jax.profiler.stop_trace()
+      self._tracing = False
+      print(f"Profile of steps {self.start_step + 1}-{step} written to {self.directory}",
+            flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
   num_steps: int
@@ -50,6 +111,7 @@ class LoopSettings:
   max_consecutive_skips: int = 10
   keep_checkpoints: int = 3
   async_checkpointing: bool = False
+  profile_steps: str = ""             # "START,COUNT": a profiler trace in WORKDIR/profile
 
   @classmethod
   def from_config(cls, config, num_steps: int, **overrides) -> "LoopSettings":
@@ -82,6 +144,7 @@ class Trainer:
     self.start_step = 0
     self.preempted = False   # the last run() stopped early on SIGTERM / preemption
     self.writer: Optional[MetricWriter] = None
+    self.clock = TrainClock()
 
   # ------------------------------------------------------------------------------- restore
 
@@ -95,6 +158,7 @@ class Trainer:
       print(f"[{self.name}] Resumed from the checkpoint at step {step} in "
             f"{self.checkpointer.directory}", flush=True)
     self.start_step = int(np.asarray(self.par.metrics({"step": state.step})["step"]))
+    self.clock = TrainClock(self.checkpointer.restored_clock if restored is not None else 0.0)
     self.writer = MetricWriter(self.workdir, resume_step=self.start_step)
     return state
 
@@ -122,6 +186,7 @@ class Trainer:
     host = {k: float(v) for k, v in self.par.metrics(metrics).items()}
     counters = self.par.metrics({"total": state.total_skips, "run": state.consecutive_skips})
     host["skipped_steps_total"] = float(counters["total"])
+    host["train_seconds"] = self.clock.read()
     host.update(window_metrics)
     self.writer.write(step, "train", host)
     self.console(step, "train", host, window_metrics.get("steps_per_sec"))
@@ -158,14 +223,18 @@ class Trainer:
     last: Metrics = {}
     window_start, window_steps, window_sums = time.time(), 0, {}
     step = self.start_step
+    profiler = Profiler(settings.profile_steps, self.workdir)
+    self.clock.start()
     with Preemption() as preemption:  # shardings are explicit in the compiled steps: no mesh
       while step < settings.num_steps:
         batch = next_batch(step)
         if count is not None:
           for k, v in count(batch).items():
             window_sums[k] = window_sums.get(k, 0.0) + v
+        profiler.before_step(step)
         state, metrics = step_fn(state, self.par.put_batch(batch), rng)
         step += 1
+        profiler.after_step(step, (state, metrics))
         window_steps += 1
         final = step == settings.num_steps
         if step % settings.log_every_steps == 0 or final:
@@ -180,7 +249,8 @@ class Trainer:
           last.update(self._train_line(step, state, metrics, rates))
         evaluated = evaluate is not None and (eval_at(step) or final)
         if evaluated:
-          eval_metrics = evaluate(state, step)
+          with self.clock.paused():
+            eval_metrics = evaluate(state, step)
           self.log_eval(step, eval_metrics)
           last.update({f"eval_{k}": v for k, v in eval_metrics.items()})
           window_start = time.time()
@@ -188,13 +258,16 @@ class Trainer:
         if (final or preempted
             or (settings.checkpoint_every_steps and step % settings.checkpoint_every_steps == 0)
             or (evaluated and settings.checkpoint_at_evaluations)):
-          self.checkpointer.save(step, self.par.checkpointable(state), self.iterator, force=True)
-          self.writer.flush()
+          with self.clock.paused():
+            self.checkpointer.save(step, self.par.checkpointable(state), self.iterator,
+                                   force=True, train_seconds=self.clock.read())
+            self.writer.flush()
           window_start = time.time()
         if preempted:
           self.checkpointer.wait()
           print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)
           break
+    self.clock.stop()
     self.preempted = step < settings.num_steps
     return state, last
 

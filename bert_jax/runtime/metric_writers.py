@@ -26,7 +26,7 @@ METRICS_FILE = "metrics.jsonl"
 # first window is shorter: pairs_per_row averages other steps); everything else is a pure
 # function of the run.
 TIMING_FIELDS = ("sequences_per_sec", "tokens_per_sec", "real_tokens_per_sec", "steps_per_sec",
-                 "examples_per_sec",
+                 "examples_per_sec", "train_seconds",
                  "pairs_per_row")
 
 
