@@ -19,11 +19,11 @@ host_memory.keep_freed_memory()
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bert_jax.io import storage_emulator  # noqa: E402
+from bert_jax.io import remote_storage  # noqa: E402
 
-# With STORAGE_EMULATOR_HOST set, every gs:// path goes to that emulator; TensorFlow reads some of
-# the settings when it is imported, so before that.
-storage_emulator.configure()
+# Timeouts and retries of every gs:// call (and, with STORAGE_EMULATOR_HOST set, every gs:// path
+# to that emulator); TensorFlow reads some of the settings when it is imported, so before that.
+remote_storage.configure(leave_at_once_after_error=True)
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

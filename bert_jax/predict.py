@@ -15,9 +15,10 @@ from bert_jax.runtime import host_memory
 
 host_memory.keep_freed_memory()
 
-from bert_jax.io import storage_emulator  # noqa: E402
+from bert_jax.io import remote_storage  # noqa: E402
 
-storage_emulator.configure()   # gs:// to STORAGE_EMULATOR_HOST if set, before TensorFlow loads
+# gs:// timeouts and retries, STORAGE_EMULATOR_HOST if set; before TensorFlow loads.
+remote_storage.configure(leave_at_once_after_error=True)
 
 from absl import app, flags  # noqa: E402
 

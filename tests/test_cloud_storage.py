@@ -2,8 +2,11 @@
 
 Every run here is `python -m bert_jax.main` with `STORAGE_EMULATOR_HOST` set, as a user would
 run against an emulator; what lands in the bucket is read back over the emulator's own JSON API
-(plain HTTP, independent of bert_jax's storage code).
+(plain HTTP, independent of bert_jax's storage code). Storage outages are the emulator process
+paused (SIGSTOP) and continued (SIGCONT), with the retry budget cut to seconds
+(`bert_jax/io/remote_storage.py`).
 """
+import contextlib
 import json
 import os
 import signal
@@ -31,8 +34,9 @@ DEMO = {"num_train_steps": 8, "checkpoint_every_steps": 2, "log_every_steps": 1,
         "eval_every_steps": 8}
 
 
-def _start_emulator():
-  """fake-gcs-server (the binary the wrapper package bundles), in-memory, plain HTTP.
+def _start_emulator(*flags):
+  """fake-gcs-server (the binary the wrapper package bundles), in-memory, plain HTTP; `flags`
+  (with `{url}` for its address) replace the default `-external-url {url}`.
 
   The in-memory backend: the wrapper's own `FakeGCSServer` uses the filesystem backend, which
   stops answering once TensorFlow's client sends an empty resumable upload (seen with
@@ -42,9 +46,10 @@ def _start_emulator():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   url = f"http://127.0.0.1:{port}"
+  flags = [f.format(url=url, port=port) for f in flags or ("-external-url", "{url}")]
   proc = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-host",  # pylint: disable=protected-access
                            "127.0.0.1", "-port", str(port), "-backend", "memory",
-                           "-external-url", url, "-log-level", "warn"],
+                           "-log-level", "warn", *flags],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 30
   while True:
@@ -58,16 +63,32 @@ def _start_emulator():
       time.sleep(0.05)
 
 
+def _create_bucket(url):
+  request = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
+                                   data=json.dumps({"name": BUCKET}).encode(),
+                                   headers={"Content-Type": "application/json"})
+  urllib.request.urlopen(request, timeout=10).read()
+
+
+@contextlib.contextmanager
+def _own_emulator(*flags):
+  """(process, url) of an emulator for one test (one to pause, or with other flags)."""
+  proc, url = _start_emulator(*flags)
+  try:
+    _create_bucket(url)
+    yield proc, url
+  finally:
+    proc.kill()   # also when paused
+    proc.wait()
+
+
 @pytest.fixture(scope="module")
 def emulator():
   proc, url = _start_emulator()
   previous = os.environ.get("STORAGE_EMULATOR_HOST")
   os.environ["STORAGE_EMULATOR_HOST"] = url   # inherited by every run below
   try:
-    request = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
-                                     data=json.dumps({"name": BUCKET}).encode(),
-                                     headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
+    _create_bucket(url)
     yield url
   finally:
     proc.kill()
@@ -98,6 +119,13 @@ def _upload(url, name, data: bytes):
                                    method="POST",
                                    headers={"Content-Type": "application/octet-stream"})
   urllib.request.urlopen(request, timeout=30).read()
+
+
+def _committed_steps(url, prefix):
+  """Steps whose checkpoint is complete: on Cloud Storage a step is complete once its own commit
+  marker is written (its items have markers of their own, written before it)."""
+  return sorted(int(n.split("/")[-2]) for n in _objects(url, f"{prefix}/checkpoints/")
+                if n.count("/") == prefix.count("/") + 3 and n.endswith("/commit_success.txt"))
 
 
 def _records(data: bytes):
@@ -143,10 +171,7 @@ def test_demo_on_gs_killed_after_a_checkpoint_resumes_from_the_bucket(emulator, 
   deadline = time.time() + 600
   committed = []
   while time.time() < deadline and proc.poll() is None:
-    # On Cloud Storage a step is complete once its own commit marker is written (its items
-    # have markers of their own, written before it).
-    committed = [int(n.split("/")[2]) for n in _objects(emulator, "demo/checkpoints/")
-                 if n.count("/") == 3 and n.endswith("/commit_success.txt")]
+    committed = _committed_steps(emulator, "demo")
     if committed:
       break
     time.sleep(0.1)
@@ -223,3 +248,99 @@ def test_corrupt_newest_checkpoint_on_gs_falls_back_to_the_previous(emulator, tm
            if r["split"] == "train"]
   assert steps == list(range(1, 7))
   assert np.isfinite(_records(_download(emulator, "corrupt/metrics.jsonl"))[-1]["loss"])
+
+
+# ------------------------------------------------------------------ faults of the store itself
+
+# The retry budget of every storage layer, cut to seconds: a request that moves no byte for 3 s
+# is abandoned, and retried twice, after 0.25 s and 0.5 s (bert_jax/io/remote_storage.py).
+SHORT_BUDGET = {"BERT_JAX_STORAGE_TIMEOUT_SECS": "3", "BERT_JAX_STORAGE_RETRIES": "2",
+                "BERT_JAX_STORAGE_RETRY_DELAY_SECS": "0.25"}
+
+
+def _outage_env(url):
+  # PYTHONFAULTHANDLER: a run that has to be stopped shows where it waited (SIGABRT).
+  return dict(_env(), STORAGE_EMULATOR_HOST=url, PYTHONFAULTHANDLER="1", **SHORT_BUDGET)
+
+
+def _start_demo_and_wait_for_a_checkpoint(url, prefix, cwd):
+  """The demo on gs://, running, with its first checkpoint complete in the bucket."""
+  proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=cwd, env=_outage_env(url),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 300
+  while not _committed_steps(url, prefix):
+    if proc.poll() is not None or time.time() > deadline:
+      proc.kill()
+      pytest.fail("the demo ended or stalled before its first checkpoint:\n" + proc.stdout.read())
+    time.sleep(0.1)
+  return proc
+
+
+def test_emulator_without_external_url_reads_back_what_was_written(tmp_path):
+  """The emulator as many start it, `-public-host 127.0.0.1:PORT` and no `-external-url`: a
+  1 MB file written through bert_jax reads back whole (TensorFlow's object reads used to go
+  where this emulator answered 404 to every one of them)."""
+  script = (
+      "from bert_jax.io import filesystem\n"
+      "text = 'x' * (1 << 20)\n"
+      f"filesystem.write_text('gs://{BUCKET}/flags/big.txt', text)\n"
+      f"assert filesystem.read_text('gs://{BUCKET}/flags/big.txt') == text\n"
+      f"with filesystem.open('gs://{BUCKET}/flags/small.bin', 'wb') as f:\n"
+      "  f.write(bytes(range(256)))\n"
+      f"with filesystem.open('gs://{BUCKET}/flags/small.bin', 'rb') as f:\n"
+      "  assert f.read() == bytes(range(256))\n")
+  with _own_emulator("-public-host", "127.0.0.1:{port}") as (_, url):
+    run = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path),
+                         env=dict(_env(), STORAGE_EMULATOR_HOST=url), capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert _objects(url, "flags/") == {"flags/big.txt": 1 << 20, "flags/small.bin": 256}
+
+
+def test_a_storage_outage_within_the_retry_budget_is_ridden_out(local_demo, tmp_path):
+  """The emulator paused for 2 s after the first checkpoint: the run waits, carries on, and ends
+  exactly as the uninterrupted run."""
+  with _own_emulator() as (emulator_proc, url):
+    proc = _start_demo_and_wait_for_a_checkpoint(url, "short", str(tmp_path))
+    emulator_proc.send_signal(signal.SIGSTOP)
+    time.sleep(2)
+    assert proc.poll() is None, "the run ended without the store:\n" + proc.stdout.read()
+    emulator_proc.send_signal(signal.SIGCONT)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output[-5000:]
+    ours = _records(_download(url, "short/metrics.jsonl"))
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert ours == theirs
+
+
+def test_a_storage_outage_past_the_retry_budget_ends_the_run_and_the_next_resumes(
+    local_demo, tmp_path):
+  """The emulator paused after the first checkpoint and left paused: the run stops with an
+  error naming the store's path and exit status 1 within a bounded time (no run that waits for
+  ever); with the store back, the same command resumes from the newest complete checkpoint
+  (never a half-written one) and ends as the uninterrupted run."""
+  with _own_emulator() as (emulator_proc, url):
+    proc = _start_demo_and_wait_for_a_checkpoint(url, "long", str(tmp_path))
+    emulator_proc.send_signal(signal.SIGSTOP)
+    paused = time.time()
+    try:
+      output = proc.communicate(timeout=150)[0]
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGABRT)   # its threads' stacks, then it ends
+      pytest.fail("the run neither went on nor stopped 150 s into the outage:\n"
+                  + proc.communicate()[0][-20000:])
+    stopped_after = time.time() - paused
+    emulator_proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 1, output[-5000:]
+    assert f"gs://{BUCKET}/long/" in output and "retry attempts failed" in output, output[-5000:]
+    committed = _committed_steps(url, "long")
+    again = subprocess.run(_demo(f"gs://{BUCKET}/long"), cwd=str(tmp_path),
+                           env=_outage_env(url), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"Resumed from the checkpoint at step {max(committed)} " in again.stdout
+    ours = _records(_download(url, "long/metrics.jsonl"))
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert ours == theirs
+  print(f"the run stopped {stopped_after:.0f} s into the outage")

@@ -137,3 +137,37 @@ def test_url_writes_and_copies(tmp_path):
     with open(local, "wb") as f:
       f.write(b"\x01\x02")
   assert (tmp_path / "out" / "deep" / "y.bin").read_bytes() == b"\x01\x02"
+
+
+def test_a_url_write_the_store_did_not_keep_fails_naming_the_path(tmp_path):
+  """A store that acknowledges every byte and keeps none (a name linked to /dev/null): each way
+  of writing a URL fails once it is closed, naming the path, instead of returning normally."""
+  (tmp_path / "lost").symlink_to(os.devnull)
+  lost = _file_url(tmp_path / "lost")
+  (tmp_path / "source.bin").write_bytes(b"\x00" * 1000)
+  writes = {
+      "text": lambda: filesystem.write_text(lost, "x" * 100),
+      "binary": lambda: _write_bytes(lost, b"\x01" * 100),
+      "copy": lambda: filesystem.copy(str(tmp_path / "source.bin"), lost),
+  }
+  for name, write in writes.items():
+    with pytest.raises(filesystem.WriteNotLandedError, match="lost: .* were written, but the "
+                       "store holds 0 bytes") as raised:
+      write()
+    assert lost in str(raised.value), name
+
+
+def _write_bytes(path, data):
+  with filesystem.open(path, "wb") as f:
+    f.write(data)
+
+
+def test_url_writes_are_checked_against_what_was_written(tmp_path):
+  """Appends count what was there before; a checked write that landed returns normally."""
+  path = _file_url(tmp_path / "log.txt")
+  filesystem.write_text(path, "one\n")
+  with filesystem.open(path, "a") as f:
+    f.write("two\n")
+  _write_bytes(_file_url(tmp_path / "b.bin"), b"\x00" * 3000000)   # over the 1 MB buffer
+  assert (tmp_path / "log.txt").read_text() == "one\ntwo\n"
+  assert (tmp_path / "b.bin").stat().st_size == 3000000

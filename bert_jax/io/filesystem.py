@@ -4,9 +4,14 @@
 Local paths take Python's own calls (fast, no TensorFlow import); URLs go to `tf.io.gfile`, the
 layer tf.data and TensorBoard use too. Orbax checkpoints take the same URLs (`etils.epath`).
 
-Cloud Storage emulator: with `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` set (the convention of
-Google's client libraries), every `gs://` path goes to that endpoint, in every layer
-(`configure_storage_emulator`, called on import before TensorFlow or TensorStore load).
+Every write to a URL is checked once it is closed: the object must be there with the bytes
+written (`WriteNotLandedError`, naming the path, otherwise), so that a write a store acknowledged
+but did not keep fails where it happened, not when a later step reads it back.
+
+Timeouts and retries of every remote call, and the Cloud Storage emulator
+(`STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`, the convention of Google's client libraries: every
+`gs://` path goes to that endpoint, in every layer) are set up on import, before TensorFlow or
+TensorStore load (`remote_storage.configure`).
 """
 import builtins
 import contextlib
@@ -18,9 +23,9 @@ import shutil
 import tempfile
 from typing import IO, Iterator, List, Optional
 
-from bert_jax.io import storage_emulator
+from bert_jax.io import remote_storage
 
-storage_emulator.configure()
+remote_storage.configure()
 
 
 def is_url(path) -> bool:
@@ -115,13 +120,34 @@ def mtime(path: str) -> float:
   return os.path.getmtime(path)
 
 
+class WriteNotLandedError(OSError):
+  """A write to a URL that finished without error, but whose object is then missing or holds
+  another number of bytes than were written."""
+
+
+def _check_landed(path: str, expected_bytes: int) -> None:
+  """Fails, naming `path`, unless the store now holds `expected_bytes` bytes there."""
+  try:
+    stat = _gfile().stat(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise WriteNotLandedError(
+        f"{path}: the write finished, but the object is not there ({type(e).__name__}: "
+        f"{str(e).strip()}). The store acknowledged bytes it did not keep.") from e
+  if stat.is_directory or stat.length != expected_bytes:
+    held = "a directory" if stat.is_directory else f"{stat.length} bytes"
+    raise WriteNotLandedError(f"{path}: {expected_bytes} bytes were written, but the store holds "
+                              f"{held} there.")
+
+
 class _GFileRaw(io.RawIOBase):
   """A binary GFile as a raw stream: wrapped in `io.BufferedReader` / `io.TextIOWrapper`, a URL
-  reads as `open` reads a file (`readline(limit)`, `errors=`, `newline=`)."""
+  reads as `open` reads a file (`readline(limit)`, `errors=`, `newline=`). A writer counts its
+  bytes and checks at `close` that they landed (`_check_landed`)."""
 
-  def __init__(self, gfile, mode: str):
+  def __init__(self, gfile, mode: str, path: str = "", size_before: int = 0):
     super().__init__()
-    self._file, self._mode = gfile, mode
+    self._file, self._mode, self._path = gfile, mode, path
+    self._expected_bytes = size_before   # what the object must hold once closed
 
   def readable(self) -> bool:
     return "r" in self._mode
@@ -148,13 +174,22 @@ class _GFileRaw(io.RawIOBase):
     return self._file.tell()
 
   def write(self, data) -> int:
-    self._file.write(bytes(data))
+    data = bytes(data)
+    self._file.write(data)
+    self._expected_bytes += len(data)
     return len(data)
 
   def close(self) -> None:
-    if not self.closed:
+    if self.closed:
+      return
+    try:
       self._file.close()
-    super().close()
+    finally:
+      # Closed even when the upload failed: a second attempt from the garbage collector at exit
+      # would block on the same unreachable store, after the error was already raised.
+      super().close()
+    if self.writable():
+      _check_landed(self._path, self._expected_bytes)
 
 
 class NotUtf8Error(ValueError):
@@ -208,9 +243,9 @@ def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[s
   raises `NotUtf8Error` naming the file and line. `errors` and `newline` mean what they mean to
   Python's `open`, for URLs too (text goes through `io.TextIOWrapper`)."""
   if is_url(path):
-    if "b" in mode and "r" not in mode:
-      return _gfile().GFile(path, mode)
-    raw = _GFileRaw(_gfile().GFile(path, mode.replace("t", "").replace("b", "") + "b"), mode)
+    size_before = getsize(path) if "a" in mode and exists(path) else 0
+    raw = _GFileRaw(_gfile().GFile(path, mode.replace("t", "").replace("b", "") + "b"), mode,
+                    path, size_before)
     buffered = (io.BufferedReader(raw, 1 << 20) if raw.readable()
                 else io.BufferedWriter(raw, 1 << 20))
     if "b" in mode:
@@ -246,6 +281,8 @@ def write_text(path: str, text: str) -> None:
 def copy(source: str, target: str) -> None:
   if is_url(source) or is_url(target):
     _gfile().copy(source, target, overwrite=True)
+    if is_url(target):
+      _check_landed(target, getsize(source))
   else:
     shutil.copyfile(source, target)
 
@@ -258,13 +295,23 @@ def rename(source: str, target: str) -> None:
         relative = relpath(directory, source) if directory != source else ""
         makedirs(join(target, relative) if relative else target)
         for name in files:
-          _gfile().rename(join(directory, name), join(target, relative, name) if relative
-                          else join(target, name), overwrite=True)
+          _rename_file(join(directory, name),
+                       join(target, relative, name) if relative else join(target, name))
       _gfile().rmtree(source)
     else:
-      _gfile().rename(source, target, overwrite=True)
+      _rename_file(source, target)
   else:
     shutil.move(source, target)
+
+
+def _rename_file(source: str, target: str) -> None:
+  """One file to or from a URL. Across stores or on an object store (where a rename is a copy
+  and a delete anyway), the source is deleted only once its copy has landed."""
+  if source.startswith("file://") and target.startswith("file://"):
+    _gfile().rename(source, target, overwrite=True)
+    return
+  copy(source, target)
+  remove(source)
 
 
 def remove(path: str) -> None:

@@ -50,9 +50,11 @@ def emulator_url() -> Optional[str]:
   return (host if "://" in host else "http://" + host).rstrip("/")
 
 
-def configure() -> None:
+def configure(timeout_secs: float = 60.0) -> None:
   """Points each layer's own setting at the emulator, if `STORAGE_EMULATOR_HOST` is set.
 
+  `timeout_secs`: how long the relay waits for the emulator's answer to a request (after that
+  it answers 504, which the caller retries; `remote_storage` sets the callers' budgets).
   Idempotent; a child process inherits the settings and the parent's relay."""
   url = emulator_url()
   if url is None:
@@ -63,20 +65,18 @@ def configure() -> None:
       "GCS_STAT_CACHE_MAX_AGE": "0",
       "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0",
       "GCS_READ_CACHE_MAX_SIZE_MB": "0",
-      "GCS_RETRY_CONFIG_MAX_RETRIES": "2",         # fail in seconds, not after minutes of retries
-      "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
   })
   os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
   if os.environ.get(_RELAY_FOR) == url and os.environ.get("https_proxy"):
     return   # a relay for this emulator already serves this process tree
-  port, ca_file = _start_relay(url)
+  port, ca_file = _start_relay(url, timeout_secs)
   proxy = f"http://127.0.0.1:{port}"
   no_proxy = "127.0.0.1,localhost"
   os.environ.update({"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": no_proxy,
                      "NO_PROXY": no_proxy, "CURL_CA_BUNDLE": ca_file, _RELAY_FOR: url})
 
 
-def _start_relay(url: str):
+def _start_relay(url: str, timeout_secs: float):
   global _relay
   try:
     import cryptography  # noqa: F401  (checked here: the relay process needs it)
@@ -84,7 +84,8 @@ def _start_relay(url: str):
     raise ImportError(f"{ENV} is set, and the relay that sends TensorFlow's Cloud Storage calls "
                       "to the emulator needs the cryptography package: "
                       "pip install 'bert_jax[emulator]'") from e
-  _relay = subprocess.Popen([sys.executable, "-m", "bert_jax.io.storage_emulator", url],
+  _relay = subprocess.Popen([sys.executable, "-m", "bert_jax.io.storage_emulator", url,
+                             str(timeout_secs)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
   ready = json.loads(_relay.stdout.readline())
   return ready["port"], ready["ca_file"]
@@ -139,9 +140,13 @@ class Relay:
   TensorFlow's client sends `Transfer-Encoding: identity` and `Expect: 100-continue` on uploads,
   which the emulator's Go HTTP server refuses; each request is re-sent with a plain
   Content-Length, and an upload session's `Location` is pointed back at the proxied host.
+  A request the emulator does not answer within `timeout_secs` is answered 504, one it refuses
+  502: errors the caller retries with its own backoff, where a dropped connection or a wait with
+  no end would not tell it what happened.
   """
 
-  def __init__(self, url: str):
+  def __init__(self, url: str, timeout_secs: float = 60.0):
+    import concurrent.futures
     import ssl
     parsed = urllib.parse.urlparse(url)
     self.host, self.port_upstream, self.netloc = parsed.hostname, parsed.port or 80, parsed.netloc
@@ -150,6 +155,10 @@ class Relay:
     self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     self.tls.load_cert_chain(certificate, key)
     self.port = None
+    self.timeout = timeout_secs
+    # Requests wait for the emulator in threads; enough of them that requests stuck in an
+    # outage never hold up new ones once it is over (asyncio's default pool has cores + 4).
+    self.pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="relay")
 
   async def serve(self, ready) -> None:
     server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
@@ -189,7 +198,7 @@ class Relay:
     return await reader.readexactly(int(headers.get("content-length", 0)))
 
   async def _relay_requests(self, host: str, reader, writer):
-    upstream = http.client.HTTPConnection(self.host, self.port_upstream, timeout=300)
+    upstream = http.client.HTTPConnection(self.host, self.port_upstream, timeout=self.timeout)
     hop_by_hop = {"transfer-encoding", "expect", "content-length", "connection",
                   "proxy-connection", "keep-alive"}
     try:
@@ -199,6 +208,8 @@ class Relay:
         except (asyncio.IncompleteReadError, ConnectionError):
           return
         method, path, _ = head[0].split(" ", 2)
+        if host == _XML_API_HOST:
+          path = _media_download_path(path)
         pairs = [tuple(x.strip() for x in line.split(":", 1)) for line in head[1:] if line]
         headers = {k.lower(): v for k, v in pairs}
         if headers.get("expect", "").lower() == "100-continue":
@@ -207,8 +218,8 @@ class Relay:
         body = await self._read_body(reader, headers)
         send = [(k, v) for k, v in pairs if k.lower() not in hop_by_hop]
         send.append(("Content-Length", str(len(body))))
-        status, reason, answer, data = await asyncio.to_thread(
-            self._forward, upstream, method, path, send, body)
+        status, reason, answer, data = await asyncio.get_running_loop().run_in_executor(
+            self.pool, self._forward, upstream, method, path, send, body)
         lines = [f"HTTP/1.1 {status} {reason}"]
         for k, v in answer:
           if k.lower() in hop_by_hop:
@@ -237,18 +248,42 @@ class Relay:
         connection.endheaders(body)
         response = connection.getresponse()
         return response.status, response.reason, response.getheaders(), response.read()
-      except (http.client.HTTPException, ConnectionError):
+      except TimeoutError:
+        connection.close()   # the answer may still come: this connection is done with
+        return 504, "Gateway Timeout", [], b"the storage emulator did not answer in time"
+      except (http.client.HTTPException, OSError) as e:
         connection.close()
         if attempt:
-          raise
+          return 502, "Bad Gateway", [], f"the storage emulator: {e}".encode()
 
   def close(self) -> None:
     shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _serve(url: str) -> None:
+_XML_API_HOST = "storage.googleapis.com"
+_JSON_API_PREFIXES = ("/storage/", "/upload/", "/download/")
+
+
+def _media_download_path(path: str) -> str:
+  """An XML-API object read (`/BUCKET/OBJECT`, how TensorFlow reads objects) as the JSON API's
+  media download (`/download/storage/v1/b/BUCKET/o/OBJECT?alt=media`).
+
+  fake-gcs-server answers XML-API reads only when the request's host is its `-public-host`
+  (default `storage.googleapis.com`); started with another one (`-public-host 127.0.0.1:PORT`),
+  every read of an object TensorFlow had just written was a 404. The JSON API does not depend
+  on that flag.
+  """
+  target, _, query = path.partition("?")
+  if target.startswith(_JSON_API_PREFIXES) or target.count("/") < 2:
+    return path
+  bucket, _, name = target[1:].partition("/")
+  name = urllib.parse.quote(urllib.parse.unquote(name), safe="")
+  return f"/download/storage/v1/b/{bucket}/o/{name}?alt=media" + (f"&{query}" if query else "")
+
+
+def _serve(url: str, timeout_secs: float) -> None:
   """The relay process: prints {"port", "ca_file"} once listening; ends when stdin closes."""
-  relay = Relay(url)
+  relay = Relay(url, timeout_secs)
 
   def ready():
     print(json.dumps({"port": relay.port, "ca_file": str(relay.ca_file)}), flush=True)
@@ -263,4 +298,4 @@ def _serve(url: str) -> None:
 
 
 if __name__ == "__main__":
-  _serve(sys.argv[1])
+  _serve(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)

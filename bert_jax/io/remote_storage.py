@@ -1,0 +1,143 @@
+"""Timeouts and retries for every call to remote storage (`gs://`), set in one place.
+
+A storage outage must end in one of two ways: the run carries on once the store answers again
+(retries with exponential backoff), or, past the retry budget, it stops with an error and a
+non-zero exit, so that a job scheduler restarts it. A call that waits for ever is neither. Each
+layer that talks to Cloud Storage has its own settings; `configure()` derives them all from
+three environment variables, before TensorFlow or TensorStore is first used:
+
+  BERT_JAX_STORAGE_TIMEOUT_SECS      a request that moves no byte for this long is abandoned
+                                     (and retried); also the connect timeout. Default 30.
+  BERT_JAX_STORAGE_RETRIES           retries of a failed or abandoned request. Default 6.
+  BERT_JAX_STORAGE_RETRY_DELAY_SECS  the first wait before a retry; each next one doubles, up to
+                                     32 times the first. Default 1.
+
+With the defaults a request gives up after about 7 x 30 s + 1 min of waits when the store does
+not answer (5 min at most with TensorStore, whose attempts take a few seconds longer), about
+1 min when it refuses connections; a shorter outage is ridden out. Raise them for a store known
+to pause longer; the tests set them to seconds.
+
+What each layer takes from them (a layer's own variable, when set, wins):
+* TensorFlow's GCS filesystem (tf.io.gfile, tf.data, TensorBoard, etils.epath):
+  `GCS_REQUEST_IDLE_TIMEOUT_SECS`, `GCS_REQUEST_CONNECTION_TIMEOUT_SECS`,
+  `GCS_METADATA_REQUEST_TIMEOUT_SECS` (a whole metadata request: 4 x the timeout),
+  `GCS_RETRY_CONFIG_MAX_RETRIES`, `GCS_RETRY_CONFIG_INIT_DELAY_TIME_US`,
+  `GCS_RETRY_CONFIG_MAX_DELAY_TIME_US`. Reads and uploads keep TensorFlow's whole-request caps
+  (`GCS_READ_REQUEST_TIMEOUT_SECS`, `GCS_WRITE_REQUEST_TIMEOUT_SECS`, an hour): a large transfer
+  that keeps moving is not cut; one that stalls is, by the idle timeout.
+* TensorStore (Orbax's arrays): `TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS` (with
+  `TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES`, 1 byte/s: "no byte moved"),
+  `TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS`, and the context resource `gcs_request_retries`
+  (`tensorstore_context()`, which `training_checkpoints` gives Orbax).
+* The Cloud Storage client (google-cloud-storage; Orbax asks it for the bucket once): its own
+  bounded defaults, 60 s per request and retries for at most 120 s.
+* The emulator relay (`storage_emulator`): the timeout on each request it passes on; a request
+  the emulator does not answer in time is answered 504, which the caller retries.
+
+A command-line program (`configure(leave_at_once_after_error=True)`) leaves as soon as an error
+has ended it: traceback, exit status 1. Left to the interpreter's shutdown, every upload that
+had just failed would be tried again, once per layer that holds it (TensorFlow's writable files
+retry their upload when they are destroyed), each time through the whole retry budget: a
+process that has failed, but stays alive for as long as the store is down.
+"""
+import os
+import sys
+from typing import Dict
+
+from bert_jax.io import storage_emulator
+
+TIMEOUT = "BERT_JAX_STORAGE_TIMEOUT_SECS"
+RETRIES = "BERT_JAX_STORAGE_RETRIES"
+RETRY_DELAY = "BERT_JAX_STORAGE_RETRY_DELAY_SECS"
+_DEFAULTS = {TIMEOUT: 30.0, RETRIES: 6, RETRY_DELAY: 1.0}
+_MAX_DELAY_FACTOR = 32   # the longest wait between two attempts, in first waits
+# The layers' variables that configure() set (not the user): a child process inherits them, and
+# derives them again from its own BERT_JAX_STORAGE_* values.
+_DERIVED = "BERT_JAX_STORAGE_DERIVED"
+
+
+def _number(name: str) -> float:
+  text = os.environ.get(name, "").strip()
+  if not text:
+    return _DEFAULTS[name]
+  try:
+    value = float(text)
+  except ValueError:
+    raise ValueError(f"Environment variable {name}={text!r} is not a number.") from None
+  if value < 0 or (name == TIMEOUT and value == 0):
+    raise ValueError(f"Environment variable {name}={text!r} must be "
+                     f"{'positive' if name == TIMEOUT else 'zero or more'}.")
+  return value
+
+
+def timeout_secs() -> float:
+  return _number(TIMEOUT)
+
+
+def retries() -> int:
+  return int(_number(RETRIES))
+
+
+def retry_delay_secs() -> float:
+  return _number(RETRY_DELAY)
+
+
+def configure(leave_at_once_after_error: bool = False) -> None:
+  """Sets each layer's own timeout and retry variables from the BERT_JAX_STORAGE_* ones, then
+  points every layer at `STORAGE_EMULATOR_HOST` if it is set (`storage_emulator.configure`).
+
+  Idempotent; child processes inherit the result. TensorFlow reads its variables when its GCS
+  filesystem is first used, TensorStore when its first HTTP transport is made: call this before.
+  `leave_at_once_after_error`: for a program's entry point (never a library import), see the
+  module docstring.
+  """
+  timeout = max(1, round(timeout_secs()))   # the layers take whole seconds
+  delay_us = round(retry_delay_secs() * 1e6)
+  settings = {
+      "GCS_REQUEST_IDLE_TIMEOUT_SECS": timeout,
+      "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": timeout,
+      "GCS_METADATA_REQUEST_TIMEOUT_SECS": 4 * timeout,
+      "GCS_RETRY_CONFIG_MAX_RETRIES": retries(),
+      "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": delay_us,
+      "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": _MAX_DELAY_FACTOR * delay_us,
+      "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": timeout,
+      "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": 1,
+      "TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS": timeout,
+  }
+  derived = set(filter(None, os.environ.get(_DERIVED, "").split(",")))
+  for name, value in settings.items():
+    if name in derived or name not in os.environ:
+      os.environ[name] = str(value)
+      derived.add(name)
+  os.environ[_DERIVED] = ",".join(sorted(derived))
+  storage_emulator.configure(timeout_secs())
+  if leave_at_once_after_error and sys.excepthook is not _leave_at_once:
+    global _report_error
+    _report_error = sys.excepthook
+    sys.excepthook = _leave_at_once
+
+
+_report_error = sys.excepthook
+
+
+def _leave_at_once(kind, error, trace) -> None:
+  """An uncaught error: reported as usual, then the process exits with status 1 at once."""
+  _report_error(kind, error, trace)
+  try:
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    logging.flush()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
+
+
+def tensorstore_context() -> Dict:
+  """The TensorStore context resources that bound its Cloud Storage retries (a spec to merge
+  into the context Orbax opens arrays with)."""
+  delay = retry_delay_secs()
+  return {"gcs_request_retries": {
+      "max_retries": retries(),
+      "initial_delay": f"{delay}s",
+      "max_delay": f"{_MAX_DELAY_FACTOR * delay}s",
+  }}
