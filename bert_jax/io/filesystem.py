@@ -210,6 +210,34 @@ def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[s
   return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
 
 
+class RecordWriter:
+  """`tf.io.TFRecordWriter` for any path; on a URL, `close` checks that the file landed whole
+  (its records plus their framing: a length, its checksum and the data's checksum)."""
+
+  _FRAMING_BYTES = 8 + 4 + 4
+
+  def __init__(self, path: str):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    self.path = path
+    self._writer = tf.io.TFRecordWriter(path)
+    self._bytes = 0
+
+  def write(self, record: bytes) -> None:
+    self._writer.write(record)
+    self._bytes += len(record) + self._FRAMING_BYTES
+
+  def close(self) -> None:
+    self._writer.close()
+    if is_url(self.path):
+      _check_landed(self.path, self._bytes)
+
+  def __enter__(self) -> "RecordWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
 def read_text(path: str) -> str:
   with open(path) as f:
     return f.read()
