@@ -127,12 +127,13 @@ class WriteNotLandedError(OSError):
 
 def _check_landed(path: str, expected_bytes: int) -> None:
   """Fails, naming `path`, unless the store now holds `expected_bytes` bytes there."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   try:
     stat = _gfile().stat(path)
-  except Exception as e:  # pylint: disable=broad-except
+  except tf.errors.NotFoundError as e:
     raise WriteNotLandedError(
-        f"{path}: the write finished, but the object is not there ({type(e).__name__}: "
-        f"{str(e).strip()}). The store acknowledged bytes it did not keep.") from e
+        f"{path}: the write finished, but the object is not there ({str(e).strip()}). The "
+        "store acknowledged bytes it did not keep.") from e
   if stat.is_directory or stat.length != expected_bytes:
     held = "a directory" if stat.is_directory else f"{stat.length} bytes"
     raise WriteNotLandedError(f"{path}: {expected_bytes} bytes were written, but the store holds "
@@ -185,8 +186,8 @@ class _GFileRaw(io.RawIOBase):
     try:
       self._file.close()
     finally:
-      # Closed even when the upload failed: a second attempt from the garbage collector at exit
-      # would block on the same unreachable store, after the error was already raised.
+      # Closed even when the upload failed: its error is raised once, here, not again from
+      # `__del__` at exit (blocking there on the same unreachable store).
       super().close()
     if self.writable():
       _check_landed(self._path, self._expected_bytes)

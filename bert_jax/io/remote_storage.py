@@ -14,8 +14,10 @@ three environment variables, before TensorFlow or TensorStore is first used:
 
 With the defaults a request gives up after about 7 x 30 s + 1 min of waits when the store does
 not answer (5 min at most with TensorStore, whose attempts take a few seconds longer), about
-1 min when it refuses connections; a shorter outage is ridden out. Raise them for a store known
-to pause longer; the tests set them to seconds.
+1 min when it refuses connections; a shorter outage is ridden out. A run spends up to two such
+budgets before it exits (the call that failed, then the metrics written on its way out): the
+demo with the emulator paused for good stopped 9 minutes into the outage. Raise them for a store
+known to pause longer; the tests set them to seconds.
 
 What each layer takes from them (a layer's own variable, when set, wins):
 * TensorFlow's GCS filesystem (tf.io.gfile, tf.data, TensorBoard, etils.epath):
