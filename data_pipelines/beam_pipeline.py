@@ -190,7 +190,6 @@ class _WriteBucketPieces(beam.DoFn):
     self.seed = seed
 
   def process(self, keyed, bucket_offsets: Dict[int, int]):
-    import tensorflow as tf
     bucket, items = keyed
     # Block order, each block's records in the order made: what the single-machine builder
     # reads back from its bucket files before shuffling.
@@ -203,7 +202,7 @@ class _WriteBucketPieces(beam.DoFn):
       if not piece:
         continue
       path = piece_path(self.work_dir, output, bucket)
-      with tf.io.TFRecordWriter(path) as writer:  # a retried bundle rewrites the same bytes
+      with filesystem.RecordWriter(path) as writer:  # a retried bundle rewrites the same bytes
         for record in piece:
           writer.write(record)
       yield output, (bucket, path, len(piece))

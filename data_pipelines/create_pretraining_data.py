@@ -540,7 +540,7 @@ def _write_shuffled_buckets(bucket_dir: str, num_buckets: int, output_files: Seq
                             seed: int, progress: bool) -> int:
   """Each bucket: read, shuffle in memory, write round-robin over the outputs. Returns records."""
   import tensorflow as tf
-  writers = [tf.io.TFRecordWriter(path) for path in output_files]
+  writers = [filesystem.RecordWriter(path) for path in output_files]
   written = 0
   try:
     for bucket in _progress(range(num_buckets), progress, "shuffle + write", "bucket"):

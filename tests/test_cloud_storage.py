@@ -334,6 +334,7 @@ def test_a_storage_outage_past_the_retry_budget_ends_the_run_and_the_next_resume
     emulator_proc.send_signal(signal.SIGCONT)
     assert proc.returncode == 1, output[-5000:]
     assert f"gs://{BUCKET}/long/" in output and "retry attempts failed" in output, output[-5000:]
+    assert "Remote storage did not answer within the retry budget" in output, output[-5000:]
     committed = _committed_steps(url, "long")
     again = subprocess.run(_demo(f"gs://{BUCKET}/long"), cwd=str(tmp_path),
                            env=_outage_env(url), capture_output=True, text=True, timeout=300)

@@ -171,3 +171,18 @@ def test_url_writes_are_checked_against_what_was_written(tmp_path):
   _write_bytes(_file_url(tmp_path / "b.bin"), b"\x00" * 3000000)   # over the 1 MB buffer
   assert (tmp_path / "log.txt").read_text() == "one\ntwo\n"
   assert (tmp_path / "b.bin").stat().st_size == 3000000
+
+
+def test_record_writer_checks_a_url_file_landed(tmp_path):
+  tf = pytest.importorskip("tensorflow")
+  path = _file_url(tmp_path / "r.tfrecord")
+  records = [b"a" * 10, b"", b"\xff" * 300]
+  with filesystem.RecordWriter(path) as writer:
+    for record in records:
+      writer.write(record)
+  assert list(tf.data.TFRecordDataset(path).as_numpy_iterator()) == records
+  (tmp_path / "lost").symlink_to(os.devnull)
+  lost = _file_url(tmp_path / "lost")
+  with pytest.raises(filesystem.WriteNotLandedError, match="lost: 26 bytes were written"):
+    with filesystem.RecordWriter(lost) as writer:
+      writer.write(b"0123456789")

@@ -127,12 +127,13 @@ class WriteNotLandedError(OSError):
 
 def _check_landed(path: str, expected_bytes: int) -> None:
   """Fails, naming `path`, unless the store now holds `expected_bytes` bytes there."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   try:
     stat = _gfile().stat(path)
-  except Exception as e:  # pylint: disable=broad-except
+  except tf.errors.NotFoundError as e:
     raise WriteNotLandedError(
-        f"{path}: the write finished, but the object is not there ({type(e).__name__}: "
-        f"{str(e).strip()}). The store acknowledged bytes it did not keep.") from e
+        f"{path}: the write finished, but the object is not there ({str(e).strip()}). The "
+        "store acknowledged bytes it did not keep.") from e
   if stat.is_directory or stat.length != expected_bytes:
     held = "a directory" if stat.is_directory else f"{stat.length} bytes"
     raise WriteNotLandedError(f"{path}: {expected_bytes} bytes were written, but the store holds "
@@ -185,8 +186,8 @@ class _GFileRaw(io.RawIOBase):
     try:
       self._file.close()
     finally:
-      # Closed even when the upload failed: a second attempt from the garbage collector at exit
-      # would block on the same unreachable store, after the error was already raised.
+      # Closed even when the upload failed: its error is raised once, here, not again from
+      # `__del__` at exit (blocking there on the same unreachable store).
       super().close()
     if self.writable():
       _check_landed(self._path, self._expected_bytes)
@@ -259,6 +260,34 @@ def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[s
     return _NamedTextFile(builtins.open(path, "rb"), path, encoding=encoding, errors=errors,
                           newline=newline)
   return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
+
+
+class RecordWriter:
+  """`tf.io.TFRecordWriter` for any path; on a URL, `close` checks that the file landed whole
+  (its records plus their framing: a length, its checksum and the data's checksum)."""
+
+  _FRAMING_BYTES = 8 + 4 + 4
+
+  def __init__(self, path: str):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    self.path = path
+    self._writer = tf.io.TFRecordWriter(path)
+    self._bytes = 0
+
+  def write(self, record: bytes) -> None:
+    self._writer.write(record)
+    self._bytes += len(record) + self._FRAMING_BYTES
+
+  def close(self) -> None:
+    self._writer.close()
+    if is_url(self.path):
+      _check_landed(self.path, self._bytes)
+
+  def __enter__(self) -> "RecordWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def read_text(path: str) -> str:

@@ -14,8 +14,10 @@ three environment variables, before TensorFlow or TensorStore is first used:
 
 With the defaults a request gives up after about 7 x 30 s + 1 min of waits when the store does
 not answer (5 min at most with TensorStore, whose attempts take a few seconds longer), about
-1 min when it refuses connections; a shorter outage is ridden out. Raise them for a store known
-to pause longer; the tests set them to seconds.
+1 min when it refuses connections; a shorter outage is ridden out. A run spends up to two such
+budgets before it exits (the call that failed, then the metrics written on its way out): the
+demo with the emulator paused for good stopped 9 minutes into the outage. Raise them for a store
+known to pause longer; the tests set them to seconds.
 
 What each layer takes from them (a layer's own variable, when set, wins):
 * TensorFlow's GCS filesystem (tf.io.gfile, tf.data, TensorBoard, etils.epath):
@@ -120,9 +122,25 @@ def configure(leave_at_once_after_error: bool = False) -> None:
 _report_error = sys.excepthook
 
 
+def _out_of_retries(error: BaseException) -> bool:
+  """True if `error`, or one it was raised from or during, is a storage layer giving up."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if "retry attempts failed" in str(error):   # TensorFlow's and TensorStore's words
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _leave_at_once(kind, error, trace) -> None:
   """An uncaught error: reported as usual, then the process exits with status 1 at once."""
   _report_error(kind, error, trace)
+  if _out_of_retries(error):
+    print(f"\nRemote storage did not answer within the retry budget ({TIMEOUT}="
+          f"{timeout_secs():g}, {RETRIES}={retries()}, {RETRY_DELAY}={retry_delay_secs():g}; "
+          "the error above names the path). A checkpoint is complete once written whole: run "
+          "the same command again to resume from the newest complete one.", file=sys.stderr)
   try:
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.flush()

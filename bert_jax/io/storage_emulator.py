@@ -14,6 +14,9 @@ that one variable before they are first used:
   each HTTP request on to the emulator. It runs in a process of its own because TensorFlow holds
   the GIL while some of its writes wait for the network, which would stall a relay thread in
   the same interpreter, and it ends with the process that started it (its stdin closes).
+  TensorFlow reads objects through the XML API (`https://storage.googleapis.com/BUCKET/OBJECT`),
+  which fake-gcs-server serves only under its `-public-host`; the relay sends those reads to the
+  JSON API's media download instead, so any `-public-host` / `-external-url` works.
 * TensorFlow's stat and block caches are turned off, so that several processes (hosts) see each
   other's writes at once, as they do on real Cloud Storage.
 
