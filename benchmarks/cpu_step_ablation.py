@@ -1,6 +1,6 @@
 r"""What each of bert_jax's hand-tuned building blocks is worth in a whole pre-training step.
 
-  python benchmarks/cpu_step_ablation.py --size=mini --rounds=6
+  python -m benchmarks.cpu_step_ablation --size=mini --rounds=6
 
 The step of `pretrain_step_throughput.py` (seq 128, batch 32, 20 masked positions, fp32, AdamW)
 compiled several times in one process, each variant with one part back in its textbook JAX/Flax
@@ -18,10 +18,8 @@ the whole step says what a change is worth.
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/runtime/host_memory.py).

@@ -1,6 +1,6 @@
 r"""Peak memory and throughput of `data_pipelines.create_pretraining_data` at growing input sizes.
 
-  python benchmarks/create_pretraining_data_scale.py --sizes_mb=10,100 \
+  python -m benchmarks.create_pretraining_data_scale --sizes_mb=10,100 \
     --text='../shared/data/text/gutenberg/*.txt' \
     --vocab_file=../shared/data/bert/vocab_uncased_L-12_H-768_A-12.txt
 

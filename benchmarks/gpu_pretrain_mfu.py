@@ -1,8 +1,8 @@
 r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorch peer, in one run.
 
-  python benchmarks/gpu_pretrain_mfu.py --size=base --seq=128 --batch=256
-  python benchmarks/gpu_pretrain_mfu.py --size=base --seq=512 --batch=64 --packing=both
-  python benchmarks/gpu_pretrain_mfu.py --peer=none --variants=current,bf16_attention_logits
+  python -m benchmarks.gpu_pretrain_mfu --size=base --seq=128 --batch=256
+  python -m benchmarks.gpu_pretrain_mfu --size=base --seq=512 --batch=64 --packing=both
+  python -m benchmarks.gpu_pretrain_mfu --peer=none --variants=current,bf16_attention_logits
 
 bert_jax's `train_step` (AdamW, dropout on, bfloat16 compute with float32 master weights) is timed
 against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the same
@@ -32,11 +32,9 @@ import argparse
 import functools
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.55")  # the PyTorch peer needs the rest
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

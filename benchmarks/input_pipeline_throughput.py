@@ -1,6 +1,6 @@
 r"""tf.data pre-training pipeline throughput with dynamic masking, pinned to one CPU core.
 
-  python benchmarks/input_pipeline_throughput.py --seq=128 --batch=256 --batches=200
+  python -m benchmarks.input_pipeline_throughput --seq=128 --batch=256 --batches=200
 
 Reads unmasked (dynamic) records through `data_pipelines.input_pipeline.create_pretraining_dataset`
 exactly as training does (file shuffle, record shuffle, batch, parse, 80/10/10 masking with the

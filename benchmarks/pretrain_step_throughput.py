@@ -1,6 +1,6 @@
 r"""Pre-training step throughput: bert_jax vs Hugging Face `transformers` PyTorch, in one run.
 
-  python benchmarks/pretrain_step_throughput.py --sizes=mini,small --batch=32 --seq=128
+  python -m benchmarks.pretrain_step_throughput --sizes=mini,small --batch=32 --seq=128
 
 Both sides train `BertForPreTraining` of the same size (vocab 30522), batch, sequence length and
 number of masked positions (20) with AdamW, fp32, on the same CPU threads. The peer computes MLM
@@ -16,10 +16,8 @@ import argparse
 import functools
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
 # comparison then reuse freed host memory (bert_jax/host_memory.py).

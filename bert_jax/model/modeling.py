@@ -177,7 +177,7 @@ class BertEmbeddings(nn.Module):
     `nn.Embed.attend`'s product, through `ops.dense_matmul` (tuned kernels): the table's
     gradient is taken as an [H, V] matmul and transposed. Autodiff of `hidden @ table.T` had XLA's
     CPU backend transpose the [rows, V] logit gradient first, a single-threaded 17 ms copy of a
-    0.9 s BERT-mini step (step 1.02-1.05x faster this way, benchmarks/RESULTS.md).
+    0.9 s BERT-mini step (step 1.02-1.05x faster this way, benchmarks/history/2026-11-23.md).
     """
     dtype = _dtype(self.config)
     hidden = hidden.astype(dtype)
@@ -190,9 +190,9 @@ def _one_hot_lookup(table, ids, dtype):
 
   A gather's gradient is a scatter-add, and here every row adds into the same few table rows
   (segment 0/1, positions 0..S-1): on GPU those colliding atomic adds serialise (measured: a
-  fifth of a BERT-base step on an H100, benchmarks/RESULTS.md). A one-hot matmul computes the
-  same values exactly (one non-zero term each; HIGHEST keeps float32 exact on TPU) and its
-  gradient is a plain matmul.
+  fifth of a BERT-base step on an H100, benchmarks/history/2026-11-23.md). A one-hot matmul
+  computes the same values exactly (one non-zero term each; HIGHEST keeps float32 exact on TPU)
+  and its gradient is a plain matmul.
   """
   one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)                  # [B, S, K]
   return jnp.einsum("bsk,kh->bsh", one_hot, table.astype(dtype),

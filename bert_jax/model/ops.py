@@ -1,7 +1,8 @@
 """Small building blocks of the model, written for speed where the obvious form is slow.
 
 Each computes the textbook function; what differs is how XLA gets to compile it. Measured on
-the 2-core CPU of benchmarks/RESULTS.md ("Where the CPU step's time went"):
+the 2-core CPU of benchmarks/history/2026-11-23.md ("Where the CPU step's time went"; what each
+part buys today: benchmarks/RESULTS.md, "Hand-tuned kernels per backend"):
 
 - `gelu`: the erf form `x/2 * (1 + erf(x/sqrt 2))`, the same expression as PyTorch's and
   Hugging Face's. `jax.nn.gelu(approximate=False)` goes through `erfc` and a select, which XLA's

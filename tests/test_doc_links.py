@@ -1,0 +1,87 @@
+"""The documents' relative links resolve, and the commands they give name modules that exist.
+
+Every `[text](target)` in README.md, WORKSPACE.md, docs/ and benchmarks/ (results and history)
+that is not a URL must name a file or folder of the repository, and its `#anchor`, if any, a
+heading of that file (GitHub's rule for heading anchors). Every `python -m benchmarks.NAME` must
+name a module in benchmarks/, and no document may still run a benchmark as a script path.
+"""
+import collections
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCUMENTS = sorted(
+    os.path.relpath(path, ROOT) for pattern in ("README.md", "WORKSPACE.md", "docs/*.md",
+                                                "benchmarks/*.md", "benchmarks/history/*.md")
+    for path in glob.glob(os.path.join(ROOT, pattern)))
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def _read(path: str) -> str:
+  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+    return f.read()
+
+
+def anchor(heading: str) -> str:
+  """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+  text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+  return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: str) -> set:
+  seen = collections.Counter()
+  result = set()
+  for line in FENCE.sub("", _read(path)).splitlines():
+    match = re.match(r"#{1,6}\s+(.*)", line)
+    if match:
+      base = anchor(match.group(1))
+      result.add(base if not seen[base] else f"{base}-{seen[base]}")
+      seen[base] += 1
+  return result
+
+
+def links(path: str):
+  text = CODE_SPAN.sub("", FENCE.sub("", _read(path)))
+  for number, line in enumerate(text.splitlines(), 1):
+    for target in LINK.findall(line):
+      if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+        yield number, target
+
+
+def test_the_documents_are_there():
+  assert {"README.md", "WORKSPACE.md", "benchmarks/RESULTS.md"} <= set(DOCUMENTS)
+  assert any(path.startswith("docs/") for path in DOCUMENTS)
+
+
+def test_anchor_follows_github():
+  assert anchor("The TPU step: where the bytes go (2026-11-25)") == (
+      "the-tpu-step-where-the-bytes-go-2026-11-25")
+  assert anchor("What `compile_report.json` holds") == "what-compile_reportjson-holds"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
+def test_relative_links_resolve(path):
+  broken = []
+  for number, target in links(path):
+    file_part, _, fragment = target.partition("#")
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part \
+        else path
+    if not os.path.exists(os.path.join(ROOT, resolved)):
+      broken.append(f"{path}:{number}: {target} (no file {resolved})")
+    elif fragment and resolved.endswith(".md") and fragment not in anchors(resolved):
+      broken.append(f"{path}:{number}: {target} (no heading #{fragment} in {resolved})")
+  assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
+def test_benchmark_commands_name_modules(path):
+  text = _read(path)
+  assert not re.findall(r"python benchmarks/\w+\.py", text), (
+      f"{path}: run benchmarks as `python -m benchmarks.NAME` from the repository root")
+  for name in re.findall(r"python -m benchmarks\.([a-z_]+)", text):
+    assert os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py")), f"{path}: {name}"
