@@ -13,7 +13,6 @@ The two sides are timed in alternating rounds, best round each (benchmarks/bench
 load from other work on a shared machine hurts both alike.
 """
 import argparse
-import functools
 import json
 import os
 
@@ -28,7 +27,6 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.runtime import optim
 from bert_jax.tasks import pretraining  # noqa: E402
 from bert_jax.model.config import NAMED_SIZES  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
@@ -67,11 +65,9 @@ def jax_step(size, batch, seq, model_overrides=None):
   c.model.update(model_overrides or {})
   c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
   c.num_train_steps, c.warmup_steps = 1000, 10
-  model = pretraining.build_model(c)
-  tx, schedule = optim.create_optimizer(c, c.num_train_steps)
-  state = jax.jit(lambda: pretraining.create_train_state(c, model, tx, jax.random.PRNGKey(0)))()
-  step = jax.jit(functools.partial(pretraining.train_step, model=model, tx=tx,
-                                   objective="mlm_nsp", schedule=schedule), donate_argnums=(0,))
+  job = pretraining.make_job(c)   # the very step a pre-training run trains
+  state = jax.jit(job.init_state)()
+  step = jax.jit(job.train_step, donate_argnums=(0,))
   batch_data = jax.device_put(make_batch(batch, seq))
   rng = jax.random.PRNGKey(1)
   holder = [state]

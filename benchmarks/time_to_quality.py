@@ -60,11 +60,10 @@ and LayerNorm), gradient clipping at global norm 1.0.
   `num_train_steps = (budget - measured start-up) x steps/s`, so that each side's schedule ends
   at the budget (`--calibrate --side=...` prints the calibration alone). The training clock runs
   from the start of the training loop (compilation, input pipeline and logging count) and stops
-  during evaluations and checkpoint saves, on both sides: around bert_jax's unchanged
-  `train_and_evaluate` by wrapping `Trainer.run` (JaxTiming: it waits for the steps in flight
-  before stopping, as JAX dispatches asynchronously; the loop's own steps/s, whose windows end
-  before that wait and leave logging out, can overstate the rate), and in a `TrainerCallback`
-  on the transformers side. Held-out MLM loss and accuracy are recorded every
+  during evaluations and checkpoint saves, on both sides: bert_jax's own clock (`train_seconds`
+  in metrics.jsonl: the loop waits for the steps in flight before it pauses, as JAX dispatches
+  asynchronously), and a `TrainerCallback` on the transformers side. Held-out MLM loss and
+  accuracy are recorded every
   ~`--eval_every_minutes` of training time to OUT/<side>/curve.jsonl: bert_jax's own
   evaluation every N steps (N = interval x calibrated steps/s), the transformers side by its
   clock. Checkpoints every ~`--checkpoint_every_minutes`: bert_jax resumes from its workdir,
@@ -461,80 +460,27 @@ class Clock:
     return seconds
 
 
-class JaxTiming:
-  """bert_jax's training time and curve, measured around its loop from outside.
+def jax_curve(workdir: str) -> List[dict]:
+  """bert_jax's held-out curve from its own metrics.jsonl: each evaluation with the training
+  clock of the training line logged at the same step (`train_seconds`: paused during
+  evaluations and checkpoints, saved with every checkpoint and continued by a resumed run; the
+  lines a killed run logged after its last checkpoint are cut when it resumes)."""
+  from bert_jax.runtime.metric_writers import read_metrics
+  seconds = {r["step"]: r["train_seconds"] for r in read_metrics(workdir, "train")}
+  curve = []
+  for record in read_metrics(workdir, "eval"):
+    if record["step"] not in seconds:
+      raise ValueError(f"{workdir}: an evaluation at step {record['step']} has no training line "
+                       "at that step (evaluate at multiples of --log_every)")
+    metrics = {k: v for k, v in record.items() if k not in ("step", "split")}
+    curve.append(dict(seconds=seconds[record["step"]], step=record["step"], **metrics))
+  return curve
 
-  `train_and_evaluate` runs unchanged; while `patched()` is active `Trainer.run` is wrapped so
-  that (1) the clock starts when the loop starts (compilation, input pipeline, logging count),
-  (2) each evaluation stops it (after waiting for the steps in flight: JAX dispatches
-  asynchronously, and the loop's own steps/s windows end before the loop waits for the last
-  step, so they can overstate the rate) and appends (training seconds, step, metrics) to the
-  curve, (3) each checkpoint save stops it (the asynchronous part of a save overlaps training
-  and counts), recording the time reached at that step in `clock.jsonl`, from which a resumed
-  run continues, and (4) at each logging step, where the loop waits for the step anyway, the
-  time is noted (`marks`: (step, seconds), what calibration reads).
-  """
 
-  def __init__(self, side_dir: str):
-    self.curve_path = os.path.join(side_dir, "curve.jsonl")
-    self.clock_path = os.path.join(side_dir, "clock.jsonl")
-    self.clock = Clock()
-    self.marks: List[Tuple[int, float]] = []
-
-  def _resume_at(self, step: int) -> None:
-    """The clock of the checkpoint at `step`; curve rows after it are dropped (a killed run's)."""
-    saved = [r for r in read_jsonl(self.clock_path) if r["step"] <= step]
-    self.clock = Clock(max(saved, key=lambda r: r["step"])["seconds"] if saved else 0.0)
-    write_jsonl(self.clock_path, saved)
-    write_jsonl(self.curve_path, [r for r in read_jsonl(self.curve_path) if r["step"] <= step])
-
-  def patched(self):
-    import jax
-    from bert_jax.runtime import loop
-    timing, original_run = self, loop.Trainer.run
-
-    def run(trainer, state, step_fn, next_batch, rng, *, evaluate=None, **kwargs):
-      timing._resume_at(trainer.start_step)
-      timing.marks = [(trainer.start_step, timing.clock.seconds)]
-      original_save = trainer.checkpointer.save
-      step_count = [trainer.start_step]
-      log_every, last = trainer.settings.log_every_steps, trainer.settings.num_steps
-
-      def save(step, tree, *args, **kw):
-        jax.block_until_ready(tree)
-        seconds = timing.clock.stop()
-        try:
-          return original_save(step, tree, *args, **kw)
-        finally:
-          append_jsonl(timing.clock_path, dict(step=int(step), seconds=seconds))
-          timing.clock.start()
-
-      def timed_step(st, batch, step_rng):
-        out = step_fn(st, batch, step_rng)
-        step_count[0] += 1
-        if step_count[0] % log_every == 0 or step_count[0] == last:
-          jax.block_until_ready(out)   # where the loop waits too (it reads the step's metrics)
-          timing.marks.append((step_count[0], timing.clock.read()))
-        return out
-
-      def timed_evaluate(st, step):
-        jax.block_until_ready(st.params)
-        seconds = timing.clock.stop()
-        metrics = evaluate(st, step)
-        row = dict(seconds=seconds, step=int(step), **{k: float(v) for k, v in metrics.items()})
-        append_jsonl(timing.curve_path, row)
-        timing.clock.start()
-        return metrics
-
-      trainer.checkpointer.save = save
-      timing.clock.start()
-      try:
-        return original_run(trainer, state, timed_step, next_batch, rng,
-                            evaluate=timed_evaluate if evaluate else None, **kwargs)
-      finally:
-        timing.clock.stop()
-
-    return bench_util.swapped([(loop.Trainer, "run", run)])
+def jax_clock_marks(workdir: str) -> List[Tuple[int, float]]:
+  """(step, training seconds) at the start and at every logged step (what calibration reads)."""
+  from bert_jax.runtime.metric_writers import read_metrics
+  return [(0, 0.0)] + [(r["step"], r["train_seconds"]) for r in read_metrics(workdir, "train")]
 
 
 # ----------------------------------------------------------------------------------- bert_jax
@@ -549,10 +495,8 @@ def calibrate_jax(args, info: dict) -> Calibration:
   config.eval_every_steps, config.checkpoint_every_steps = 0, 0
   directory = os.path.join(args.out, "bert_jax", "calibration")
   shutil.rmtree(directory, ignore_errors=True)
-  timing = JaxTiming(directory)
-  with timing.patched():
-    pretraining.train_and_evaluate(config, os.path.join(directory, "workdir"))
-  marks = timing.marks
+  pretraining.train_and_evaluate(config, os.path.join(directory, "workdir"))
+  marks = jax_clock_marks(os.path.join(directory, "workdir"))
   shutil.rmtree(directory, ignore_errors=True)
   return Calibration.from_windows([(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])])
 
@@ -598,13 +542,12 @@ def run_jax(args) -> dict:
   # Fine-tuning finds the vocabulary beside the checkpoint: the workdir is self-contained.
   shutil.copy(data_paths(args.out)["vocab.txt"], os.path.join(workdir, "vocab.txt"))
   start = time.time()
-  timing = JaxTiming(side_dir)
-  with timing.patched():
-    result = pretraining.train_and_evaluate(config, workdir)
+  result = pretraining.train_and_evaluate(config, workdir)
+  curve = jax_curve(workdir)
+  write_jsonl(os.path.join(side_dir, "curve.jsonl"), curve)
   if result.get("preempted"):
     print("[bert_jax] preempted: run the same command again to resume", flush=True)
     return result
-  curve = read_jsonl(timing.curve_path)
   batches = load_batches(data_paths(args.out)["eval_batches.npz"])
   check = score_jax(config, jax_params_from_workdir(workdir), batches)
   if curve and abs(check["mlm_loss"] - curve[-1]["mlm_loss"]) > 1e-4 * abs(check["mlm_loss"]):

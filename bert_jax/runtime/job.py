@@ -1,23 +1,39 @@
-"""A job spec: everything that defines what a training job computes, built once by the job's
-`make_job(config)` and used unchanged by whoever runs it: the training loop on real devices,
-`--compile_for` on a TPU slice's abstract devices (`tasks.compile_report`), and the benchmarks.
-So the step that is compiled, profiled and timed is the step that trains.
+"""A job spec: everything that defines a training job, built once by the job's `make_job` and
+used unchanged by whoever runs it: `run` on real devices, `--compile_for` on a TPU slice's
+abstract devices (`tasks.compile_report`), and the benchmarks. So the step that is compiled,
+profiled and timed is the step that trains.
 
     job = pretraining.make_job(config)
-    state = par.init_state(job.init_state, job.param_axes)      # real devices
-    step = par.compile_step(job.train_step)
+    outcome = run(job, workdir, parallel.create(config))       # trains, resumes, evaluates
     abstract = jax.eval_shape(job.init_state)                   # or: shapes only, for a report
+    step = par.compile_step(job.train_step)                     #     the very step that trains
+
+`run` is the one sequence every job follows: initial state on the mesh -> compile the step ->
+`Trainer` -> restore (or a fresh run's `warm_start`) -> evaluate the start if asked -> train ->
+close. What differs between jobs is data, not code: the fields below.
 """
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
+
+from bert_jax.runtime.loop import LoopSettings, Metrics, Throughput, Trainer
 
 Batch = Dict[str, np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
+class Batches:
+  """A run's training input: `next_batch(step)` -> this host's batch of that step, and the
+  iterator whose position is saved with every checkpoint (None when a batch is a pure function
+  of its step)."""
+  next_batch: Callable[[int], Batch]
+  iterator: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Job:
+  # What the step computes (what `--compile_for` lowers and the benchmarks time).
   name: str                                  # console prefix, e.g. "pretraining"
   model: Any                                 # the Flax module
   tx: Any                                    # the optax transformation
@@ -25,8 +41,54 @@ class Job:
   init_state: Callable[[], Any]              # () -> a fresh TrainState (jit / eval_shape it)
   param_axes: Any                            # logical axis names of the parameters (sharding)
   train_step: Callable                       # (state, batch, rng) -> (state, metrics), pure
-  eval_step: Optional[Callable]              # (params, batch) -> summed terms, or None
+  eval_step: Optional[Callable]              # (params, batch) -> outputs or summed terms
   example_batch: Callable[[int], Batch]      # rows -> a host batch of the train step's shapes
   example_eval_batch: Optional[Callable[[int], Batch]] = None
   model_flops: Callable[[int], float] = lambda rows: 0.0   # analytic training FLOPs of a step
   kernel_flops: Callable[[int], float] = lambda rows: 0.0  # inside custom calls (splash)
+  # How it trains (what `run` needs besides the step).
+  settings: Optional[LoopSettings] = None    # steps, logging, checkpoints, profiling
+  batches: Optional[Callable[[], Batches]] = None   # opened by `run` (reads the data)
+  dropout_rng: Any = None
+  # trainer -> evaluate(state, step) -> metrics; built once the mesh and the restored step are
+  # known (`trainer.par`, `trainer.resumed`, `trainer.workdir`). None: no evaluation.
+  evaluator: Optional[Callable[[Trainer], Callable[[Any, int], Metrics]]] = None
+  eval_at: Callable[[int], bool] = lambda step: False   # besides the last step
+  eval_first: bool = False                   # a fresh run evaluates its starting point (step 0)
+  # (state, par) -> state: where a fresh run starts (a checkpoint's weights); not on resume.
+  warm_start: Optional[Callable[[Any, Any], Any]] = None
+  throughput: Throughput = Throughput()
+  console_keys: Tuple[str, ...] = ("loss", "learning_rate")
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What `run` leaves: the final state, the last logged metrics (`eval_*` for evaluations),
+  whether SIGTERM stopped it early, and the evaluation it used (None if the job has none)."""
+  state: Any
+  last: Metrics
+  preempted: bool
+  evaluate: Optional[Callable[[Any, int], Metrics]]
+  trainer: Trainer
+
+
+def run(job: Job, workdir: str, par) -> Outcome:
+  """Trains `job` in `workdir` on the mesh of `par` (`parallel.create(config)`), resuming from
+  its newest checkpoint."""
+  state = par.init_state(job.init_state, job.param_axes)
+  step_fn = par.compile_step(job.train_step)
+  batches = job.batches()
+  trainer = Trainer(job.name, workdir, par, job.settings, iterator=batches.iterator,
+                    console_keys=job.console_keys, throughput=job.throughput)
+  try:
+    state = trainer.restore(state)
+    if not trainer.resumed and job.warm_start is not None:
+      state = job.warm_start(state, par)
+    evaluate = job.evaluator(trainer) if job.evaluator is not None else None
+    if evaluate is not None and job.eval_first and trainer.start_step == 0:
+      trainer.log_eval(0, evaluate(state, 0))
+    state, last = trainer.run(state, step_fn, batches.next_batch, job.dropout_rng,
+                              evaluate=evaluate, eval_at=job.eval_at)
+  finally:
+    trainer.close()
+  return Outcome(state, last, trainer.preempted, evaluate, trainer)

@@ -65,8 +65,14 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float,
 def create_optimizer(config: ml_collections.ConfigDict,
                      num_train_steps: int) -> tuple[optax.GradientTransformation, Callable]:
   """(optimizer, schedule) from `config.optimizer` and the step fields of `config`."""
-  opt = config.optimizer
-  schedule = bert_schedule(config.learning_rate, config.warmup_steps, num_train_steps)
+  return build_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
+                         num_train_steps)
+
+
+def build_optimizer(opt, learning_rate: float, warmup_steps: int,
+                    num_train_steps: int) -> tuple[optax.GradientTransformation, Callable]:
+  """(optimizer, schedule): `opt` (a `config.optimizer` block) with the paper's schedule."""
+  schedule = bert_schedule(learning_rate, warmup_steps, num_train_steps)
   if opt.name == "adamw":
     if opt.bias_correction:
       moments = optax.scale_by_adam(b1=opt.b1, b2=opt.b2, eps=opt.eps)

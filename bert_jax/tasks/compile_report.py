@@ -38,23 +38,21 @@ With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the
 L (`cost_analysis` in the report says so); memory is always the real scanned step's.
 """
 import dataclasses
-import functools
 import importlib
 import json
 import re
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
-import flax.linen as nn
 import jax
 import numpy as np
 
 from bert_jax import parallel
 from bert_jax.io import filesystem
-from bert_jax.model import flops, kernels
+from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
 from bert_jax.runtime import outputs
-from bert_jax.runtime.state import TrainState
+from bert_jax.runtime.job import Job
 from bert_jax.tasks import pretraining
 
 REPORT_FILE = "compile_report.json"
@@ -129,84 +127,29 @@ class _Target:
   par: Any
 
 
-@dataclasses.dataclass
-class _Steps:
-  """A job's steps, uncompiled: init (for shapes), train and eval functions, example batches."""
-  model: Any
-  init_state: Callable[[], Any]        # abstract via jax.eval_shape
-  param_axes: Any
-  train_step: Callable
-  train_batch: Dict[str, np.ndarray]
-  eval_step: Callable                  # (params, batch) -> outputs
-  eval_batch: Dict[str, np.ndarray]
-  model_flops: float
-  kernel_flops: float = 0.0            # inside custom calls (splash), which XLA does not count
-
-
-def _pretraining_steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
-  """The pre-training job's own steps (`pretraining.make_job`: what trains is what compiles)."""
-  pretraining.check_config(config)
-  if layers is not None:
-    config = config.copy_and_resolve_references()
-    config.model.update(num_hidden_layers=layers, scan_layers=False)
-  job = pretraining.make_job(config)
-  return _Steps(
-      model=job.model, init_state=job.init_state, param_axes=job.param_axes,
-      train_step=job.train_step, train_batch=job.example_batch(global_batch),
-      eval_step=job.eval_step, eval_batch=job.example_eval_batch(config.eval_batch_size),
-      model_flops=job.model_flops(global_batch), kernel_flops=job.kernel_flops(global_batch))
-
-
 # config.task -> the module whose get_task(config) defines a fine-tuning task
 FINETUNING_TASKS = {"glue": "bert_jax.tasks.glue", "swag": "bert_jax.tasks.swag",
                     "squad": "bert_jax.tasks.squad", "ner": "bert_jax.tasks.ner"}
 
 
-def _finetuning_steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
-  """The fine-tuning step of `config.task` on the checkpoint's architecture; the batch shapes
-  come from the task's features of a few training examples (the data must be there)."""
-  from bert_jax.io import checkpoints
+def build_job(config, layers: Optional[int] = None) -> Job:
+  """The experiment's own job, from the `make_job` its training run calls (what trains is what
+  compiles), unrolled at `layers` layers if given (the cost of a scanned step). Fine-tuning
+  reads the checkpoint's architecture and a few training examples (for the feature shapes)."""
+  if config.get("task", "pretraining") == "pretraining":
+    pretraining.check_config(config)
+    if layers is not None:
+      config = config.copy_and_resolve_references()
+      config.model.update(num_hidden_layers=layers, scan_layers=False)
+    return pretraining.make_job(config)
   from bert_jax.tasks import finetuning
   finetuning.check_config(config)
   task = importlib.import_module(FINETUNING_TASKS[config.task]).get_task(config)
-  loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
-  bert_config = finetuning.bert_config_for(config, loaded_config)
+  inputs = finetuning.read_inputs(task, config, max_train_examples=4, evaluation=False)
   if layers is not None:
-    bert_config = bert_config.replace(num_hidden_layers=layers, scan_layers=False)
-  tokenizer = finetuning.create_tokenizer(config, bert_config)
-  features = finetuning.load_split(task, task.train_split, tokenizer, limit=4).features
-  model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
-                                     task.freeze_encoder)
-  tx, schedule = finetuning.optimizer_for(task, config, max(config.get("num_train_steps", 0),
-                                                            1000))
-  rows = lambda n: finetuning.select_rows(features.arrays, np.zeros(n, np.int64), np.ones(n))
-  rng = jax.random.PRNGKey(config.seed)
-  sample = rows(1)
-  init_params = lambda: nn.unbox(model.init({"params": rng}, sample)["params"])
-  ids = features.arrays["input_ids"]
-  sequences = global_batch * int(np.prod(ids.shape[1:-1]))   # [B, C, S]: C per example
-  c = bert_config
-  return _Steps(
-      model=model, init_state=lambda: TrainState.create(init_params(), tx),
-      param_axes=sharding.logical_axes(model.init, {"params": rng}, sample),
-      train_step=functools.partial(finetuning.train_step, model=model, tx=tx,
-                                   task_loss=task.loss, schedule=schedule,
-                                   row_weight=task.row_weight,
-                                   grad_accum_steps=config.get("grad_accum_steps", 1)),
-      train_batch=rows(global_batch),
-      eval_step=functools.partial(finetuning.predict_step, model=model, task_loss=task.loss),
-      eval_batch=rows(config.eval_batch_size),
-      model_flops=flops.training_flops(
-          c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-          tokens=sequences * ids.shape[-1], attention_pairs=sequences * ids.shape[-1] ** 2,
-          predictions=0, pairs=sequences),
-      kernel_flops=flops.kernel_training_flops(bert_config, sequences, ids.shape[-1]))
-
-
-def _steps(config, global_batch: int, layers: Optional[int] = None) -> _Steps:
-  if config.get("task", "pretraining") == "pretraining":
-    return _pretraining_steps(config, global_batch, layers)
-  return _finetuning_steps(config, global_batch, layers)
+    inputs = dataclasses.replace(inputs, bert_config=inputs.bert_config.replace(
+        num_hidden_layers=layers, scan_layers=False))
+  return finetuning.make_job(task, config, inputs)
 
 
 def _scanned_layers(config) -> int:
@@ -217,7 +160,7 @@ def _scanned_layers(config) -> int:
   if config.get("task", "pretraining") == "pretraining":
     return int(model.num_hidden_layers)
   from bert_jax.io import checkpoints
-  return checkpoints.load_pretrained(config.init_checkpoint)[0].num_hidden_layers
+  return checkpoints.load_pretrained_config(config.init_checkpoint).num_hidden_layers
 
 
 class _Compiler:
@@ -234,9 +177,9 @@ class _Compiler:
     config = self.config.copy_and_resolve_references()
     config.global_batch_size = global_batch
     par = self.target.par
-    steps = _steps(config, global_batch, layers)
-    abstract_state = jax.eval_shape(steps.init_state)
-    par.state_sharding = par.state_shardings(abstract_state, steps.param_axes)
+    job = build_job(config, layers)
+    abstract_state = jax.eval_shape(job.init_state)
+    par.state_sharding = par.state_shardings(abstract_state, job.param_axes)
     state = _abstract(abstract_state, par.state_sharding)
     batch_sharding = sharding.batch_sharding(par.mesh)
     on_batch_axis = lambda batch: _abstract(
@@ -244,17 +187,18 @@ class _Compiler:
     rng = jax.random.PRNGKey(0)
     rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
     # The strategy's own compiled steps: the shardings a run would use.
-    train_step = par.compile_step(steps.train_step)
+    train_step = par.compile_step(job.train_step)
     eval_step = parallel.strategies.UnderMesh(
-        jax.jit(steps.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
+        jax.jit(job.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
                 out_shardings=sharding.replicated(par.mesh)), par.mesh)
     with kernels.compiling_for("tpu"):
-      train = _compile(train_step, (state, on_batch_axis(steps.train_batch), rng_spec))
-      evaluation = (_compile(eval_step, (state.params, on_batch_axis(steps.eval_batch)))
-                    if with_eval else None)
+      train = _compile(train_step, (state, on_batch_axis(job.example_batch(global_batch)),
+                                    rng_spec))
+      evaluation = (_compile(eval_step, (state.params, on_batch_axis(
+          job.example_eval_batch(config.eval_batch_size)))) if with_eval else None)
     if "flops_per_device" in train:   # what runs inside custom calls, added to XLA's count
-      train["flops_per_device"] += steps.kernel_flops / len(par.mesh.devices.flat)
-    return steps, train, evaluation
+      train["flops_per_device"] += job.kernel_flops(global_batch) / len(par.mesh.devices.flat)
+    return job, train, evaluation
 
   def _scanned_cost(self, global_batch: int, layers: int) -> Dict[str, float]:
     """Per-device FLOPs and bytes of an L-layer scanned step. XLA's cost analysis counts a
@@ -274,7 +218,7 @@ class _Compiler:
   def report(self, global_batch: int, scanned_cost: bool = True) -> Dict[str, Any]:
     """The report for one global batch size (see the module docstring). `scanned_cost=False`
     leaves out the roofline of a scanned step (its two extra compiles; `add_scanned_cost`)."""
-    steps, train, evaluation = self._train_and_eval(global_batch, with_eval=self._eval is None)
+    job, train, evaluation = self._train_and_eval(global_batch, with_eval=self._eval is None)
     spec, generation = self.target.spec, self.target.spec.generation
     if evaluation is not None:
       self._eval = _verdict(evaluation, generation)
@@ -286,12 +230,12 @@ class _Compiler:
               "global_batch_size": global_batch, "device_memory_bytes": generation.hbm_bytes,
               "peak_flops_per_device": generation.peak_bf16_flops,
               "hbm_bandwidth_per_device": generation.hbm_bandwidth,
-              "model_flops_per_step": steps.model_flops,
-              "kernel_flops_per_step": steps.kernel_flops}
+              "model_flops_per_step": job.model_flops(global_batch),
+              "kernel_flops_per_step": job.kernel_flops(global_batch)}
     report.update(_verdict(train, generation))
     if "flops_per_device" in train:
       if not self.scanned_layers:
-        report.update(_roofline(train, devices, generation, steps.model_flops))
+        report.update(_roofline(train, devices, generation, report["model_flops_per_step"]))
       elif scanned_cost:
         self.add_scanned_cost(report)
     report["eval_step"] = self._eval

@@ -26,7 +26,6 @@ from typing import Dict, List, Sequence, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from bert_jax import parallel
@@ -37,7 +36,9 @@ from bert_jax.model import modeling
 from bert_jax.tasks import ner
 from bert_jax.model import ops
 from bert_jax.runtime import optim, outputs
-from bert_jax.runtime.loop import LoopSettings, Trainer
+from bert_jax.runtime import job as jobs
+from bert_jax.runtime.job import Batches, Job
+from bert_jax.runtime.loop import LoopSettings
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.runtime.state import TrainState
 from bert_jax.model.heads import IGNORE_LABEL
@@ -209,11 +210,11 @@ def make_batch(features: WordFeatures, layers: Sequence[int], sentences: np.ndar
 # ------------------------------------------------------------------------------------ training
 
 
-def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
-                 dev_sentences: Sequence[ner.Sentence], labels: Sequence[str],
-                 num_layers: int, workdir: str) -> Dict[str, float]:
-  """Trains a fresh BiLSTM tagger on one layer choice with the one training loop (checkpoints in
-  `workdir`, so an interrupted table resumes); returns dev metrics of the best epoch."""
+def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
+             dev_sentences: Sequence[ner.Sentence], labels: Sequence[str],
+             num_layers: int) -> Job:
+  """A fresh BiLSTM tagger on one layer choice, trained by the fine-tuning loop's own pure
+  `train_step` (runtime.job); evaluated on dev after every epoch."""
   layers = layer_indices(choice, num_layers)
   model = BiLSTMTagger(choice, len(labels), config.lstm_units, config.lstm_layers,
                        config.dropout)
@@ -221,19 +222,11 @@ def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
   num_sentences = len(train.offsets) - 1
   steps_per_epoch = max(1, num_sentences // batch_size)
   num_steps = steps_per_epoch * int(config.num_train_epochs)
-  opt_config = ml_collections.ConfigDict(dict(
-      optimizer=config.optimizer, learning_rate=config.learning_rate,
-      warmup_steps=int(num_steps * config.warmup_proportion)))
-  tx, schedule = optim.create_optimizer(opt_config, num_steps)
+  tx, schedule = optim.build_optimizer(config.optimizer, config.learning_rate,
+                                       int(num_steps * config.warmup_proportion), num_steps)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   sample = make_batch(train, layers, np.arange(min(batch_size, num_sentences)), batch_size)
-  par = parallel.create(config)
-  state = par.init_state(lambda: TrainState.create(
-      nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx))
-  step_fn = par.compile_step(functools.partial(
-      finetuning.train_step, model=model, tx=tx, task_loss=heads.token_tagging_loss,
-      row_weight=heads.token_tagging_weight, schedule=schedule))
-  predict_fn = jax.jit(functools.partial(finetuning.predict_step, model=model))
+  predict_fn = functools.partial(finetuning.predict_step, model=model)
 
   def next_batch(step: int):
     # Epoch e's order is a pure function of (seed, e): a resumed run sees the same batches.
@@ -242,23 +235,39 @@ def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
     rows = perm[index * batch_size:(index + 1) * batch_size]
     return finetuning.host_slice(make_batch(train, layers, rows, batch_size), batch_size)
 
-  def evaluate_epoch(st, step):
-    scores = evaluate(predict_fn, par.checkpointable(st).params, dev, dev_sentences, labels,
-                      layers, config.eval_batch_size)
-    return dict(scores, epoch=step // steps_per_epoch)
+  def evaluator(trainer):
+    compiled = jax.jit(predict_fn)
 
-  trainer = Trainer(f"feature-based {choice}", workdir, par,
-                    LoopSettings.from_config(config, num_steps, keep_checkpoints=1,
-                                             async_checkpointing=False,
-                                             checkpoint_at_evaluations=True),
-                    console_keys=("loss", "f1"))
-  state = trainer.restore(state)
-  try:
-    trainer.run(state, step_fn, next_batch, dropout_rng, evaluate=evaluate_epoch,
-                eval_at=lambda step: step % steps_per_epoch == 0)
-  finally:
-    trainer.close()
-  if trainer.preempted:
+    def evaluate_epoch(state, step):
+      scores = evaluate(compiled, trainer.par.checkpointable(state).params, dev, dev_sentences,
+                        labels, layers, config.eval_batch_size)
+      return dict(scores, epoch=step // steps_per_epoch)
+
+    return evaluate_epoch
+
+  return Job(
+      name=f"feature-based {choice}", model=model, tx=tx, schedule=schedule,
+      init_state=lambda: TrainState.create(
+          nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx),
+      param_axes=None,
+      train_step=functools.partial(
+          finetuning.train_step, model=model, tx=tx, task_loss=heads.token_tagging_loss,
+          row_weight=heads.token_tagging_weight, schedule=schedule),
+      eval_step=predict_fn, example_batch=lambda rows: sample,
+      settings=LoopSettings.from_config(config, num_steps, keep_checkpoints=1,
+                                        async_checkpointing=False,
+                                        checkpoint_at_evaluations=True),
+      batches=lambda: Batches(next_batch), dropout_rng=dropout_rng, evaluator=evaluator,
+      eval_at=lambda step: step % steps_per_epoch == 0, console_keys=("loss", "f1"))
+
+
+def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
+                 dev_sentences: Sequence[ner.Sentence], labels: Sequence[str],
+                 num_layers: int, workdir: str) -> Dict[str, float]:
+  """Trains a fresh BiLSTM tagger on one layer choice (checkpoints in `workdir`, so an
+  interrupted table resumes); returns dev metrics of the best epoch."""
+  job = make_job(choice, config, train, dev, dev_sentences, labels, num_layers)
+  if jobs.run(job, workdir, parallel.create(config)).preempted:
     return {"preempted": True}
   epochs = read_metrics(workdir, "eval")
   if not epochs:

@@ -79,13 +79,15 @@ from flax import traverse_util
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import modeling
+from bert_jax.model import flops, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
 from bert_jax.runtime import step as step_core
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths
-from bert_jax.runtime.loop import LoopSettings, Trainer
+from bert_jax.runtime import job as jobs
+from bert_jax.runtime.job import Batches, Job
+from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
 from bert_jax.text import tokenization
 
@@ -529,36 +531,37 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 @dataclasses.dataclass
-class _Inputs:
-  """What a run reads before it builds anything: the checkpoint, vocabulary and splits."""
+class Inputs:
+  """What a run reads before it builds anything: the checkpoint's architecture, the vocabulary
+  and the splits (the checkpoint's weights are read by a fresh run's warm start)."""
   bert_config: BertConfig
-  pretrained: Dict
   tokenizer: Any
   train: _Split
   evals: List[_Split]
 
 
-def _read_inputs(task: Task, config) -> _Inputs:
+def read_inputs(task: Task, config, max_train_examples: Optional[int] = None,
+                evaluation: bool = True) -> Inputs:
+  """The inputs of a run; `max_train_examples` (default `config.data.max_train_examples`) and
+  `evaluation=False` read less where only the shapes matter (`--compile_for`)."""
   if not config.init_checkpoint:
     raise ValueError("config.init_checkpoint is empty: give a Hugging Face directory, a Google "
                      "TF checkpoint, a save_pretrained directory or a pre-training workdir.")
-  loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
-  bert_config = bert_config_for(config, loaded_config)
-  if filesystem.exists(filesystem.join(config.init_checkpoint, HEAD_FILE)):
-    # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked later).
-    pretrained = dict(pretrained, head=read_head(config.init_checkpoint))
+  bert_config = bert_config_for(config, checkpoints.load_pretrained_config(config.init_checkpoint))
   tokenizer = create_tokenizer(config, bert_config)
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the checkpoint's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
   start = time.time()
-  train = load_split(task, task.train_split, tokenizer, config.data.get("max_train_examples", 0))
+  if max_train_examples is None:
+    max_train_examples = config.data.get("max_train_examples", 0)
+  train = load_split(task, task.train_split, tokenizer, max_train_examples)
   evals = [load_split(task, s, tokenizer, config.data.get("max_eval_examples", 0))
-           for s in task.eval_splits]
+           for s in (task.eval_splits if evaluation else ())]
   print(f"[{task.name}] {len(train.examples)} training examples ({train.features.num_rows} rows), "
         + ", ".join(f"{s.name}: {len(s.examples)}" for s in evals)
         + f"; features in {time.time() - start:.1f}s", flush=True)
-  return _Inputs(bert_config, pretrained, tokenizer, train, evals)
+  return Inputs(bert_config, tokenizer, train, evals)
 
 
 def num_train_steps_for(config, num_rows: int) -> int:
@@ -571,41 +574,40 @@ def num_train_steps_for(config, num_rows: int) -> int:
 def optimizer_for(task: Task, config, num_train_steps: int):
   """AdamW with warm-up over `warmup_proportion` of the steps; the frozen encoder of the
   feature-based approach gets no update (and no Adam moments)."""
-  opt_config = ml_collections.ConfigDict(dict(
-      optimizer=config.optimizer, learning_rate=config.learning_rate,
-      warmup_steps=int(num_train_steps * config.warmup_proportion)))
-  tx, schedule = optim.create_optimizer(opt_config, max(num_train_steps, 1))
+  tx, schedule = optim.build_optimizer(config.optimizer, config.learning_rate,
+                                       int(num_train_steps * config.warmup_proportion),
+                                       max(num_train_steps, 1))
   if task.freeze_encoder:
     labels = lambda params: {k: ("frozen" if k == "bert" else "train") for k in params}
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
   return tx, schedule
 
 
-def _initial_state(task: Task, config, inputs: _Inputs, model, tx, par, init_rng) -> TrainState:
-  """The checkpoint's encoder (and head, for a best/ directory) plus a fresh head, on the mesh."""
-  sample = select_rows(inputs.train.features.arrays, np.zeros(1, np.int64), np.ones(1))
-  init_params = jax.jit(lambda r: nn.unbox(model.init({"params": r}, sample)["params"]))(init_rng)
+def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> TrainState:
+  """A fresh run's state: the checkpoint's encoder (and head, for a best/ directory) in place of
+  the freshly initialised one; the new head keeps its initialisation."""
+  _, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
+  if filesystem.exists(filesystem.join(config.init_checkpoint, HEAD_FILE)):
+    # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked here).
+    pretrained = dict(pretrained, head=read_head(config.init_checkpoint))
+  host = jax.device_get(par.checkpointable(state))
   params, not_loaded = merge_pretrained(
-      jax.device_get(init_params), checkpoints.to_model_layout(inputs.pretrained, inputs.bert_config),
-      task.new_params, config.init_checkpoint)
+      host.params, checkpoints.to_model_layout(pretrained, bert_config), task.new_params,
+      config.init_checkpoint)
   print(f"[{task.name}] loaded {config.init_checkpoint}; not loaded (new): "
         + ", ".join(not_loaded), flush=True)
-  # Logical axis names of the parameters: with config.model_parallelism > 1 the encoder and its
-  # Adam moments are sharded as in pre-training (the small task heads stay replicated).
-  param_axes = sharding.logical_axes(model.init, {"params": init_rng}, sample)
-  return par.init_state(
-      lambda: TrainState.create(jax.tree_util.tree_map(jnp.asarray, params), tx), param_axes)
+  return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
 
 
 class _BestKeeper:
   """Evaluates every eval split, logs the metrics, and keeps the best parameters in best/."""
 
-  def __init__(self, task: Task, config, inputs: _Inputs, predictor: "Predictor", par,
-               workdir: str, resumed: bool):
-    self.task, self.config, self.inputs = task, config, inputs
-    self.predictor, self.par = predictor, par
-    self.directory = filesystem.join(workdir, BEST_DIR)
-    best = read_best_info(workdir) if resumed else None
+  def __init__(self, task: Task, config, inputs: Inputs, model, trainer):
+    self.task, self.config, self.inputs, self.par = task, config, inputs, trainer.par
+    self.predictor = Predictor(model, task, config.eval_batch_size, self.par.mesh,
+                               self.par.params_sharding(), config.length_bucket)
+    self.directory = filesystem.join(trainer.workdir, BEST_DIR)
+    best = read_best_info(trainer.workdir) if trainer.resumed else None
     self.value = best["value"] if best else None
 
   def __call__(self, state, step: int) -> Dict[str, float]:
@@ -643,7 +645,62 @@ def _train_batches(task: Task, config, train: _Split) -> Tuple[Callable[[int], D
   return next_batch, order
 
 
-def _final_results(task: Task, config, inputs: _Inputs, predictor: "Predictor", par, state,
+def _flops(bert_config: BertConfig, features: Features):
+  """(model_flops, kernel_flops): rows -> the analytic training FLOPs of a step of full rows."""
+  ids = features.arrays["input_ids"]
+  per_row = int(np.prod(ids.shape[1:-1]))   # [B, C, S]: C sequences per row (multiple choice)
+  c, s = bert_config, ids.shape[-1]
+  model_flops = lambda rows: flops.training_flops(
+      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+      tokens=rows * per_row * s, attention_pairs=rows * per_row * s * s, predictions=0,
+      pairs=rows * per_row)
+  return model_flops, lambda rows: flops.kernel_training_flops(c, rows * per_row, s)
+
+
+def make_job(task: Task, config: ml_collections.ConfigDict,
+             inputs: Optional[Inputs] = None) -> Job:
+  """Fine-tuning `config.init_checkpoint` on `task` (runtime.job): what trains and what
+  `--compile_for` compiles. `inputs` default: `read_inputs(task, config)`."""
+  inputs = inputs or read_inputs(task, config)
+  num_train_steps = num_train_steps_for(config, inputs.train.features.num_rows)
+  tx, schedule = optimizer_for(task, config, num_train_steps)
+  model = FineTuningModel(inputs.bert_config, task.make_head(), task.output_hidden_states,
+                          task.freeze_encoder)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  rows = lambda n: select_rows(inputs.train.features.arrays, np.zeros(n, np.int64), np.ones(n))
+  sample = rows(1)
+  next_batch, order = _train_batches(task, config, inputs.train)
+  model_flops, kernel_flops = _flops(inputs.bert_config, inputs.train.features)
+  batch_size = config.global_batch_size
+  return Job(
+      name=task.name, model=model, tx=tx, schedule=schedule,
+      init_state=lambda: TrainState.create(
+          nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx),
+      # With config.model_parallelism > 1 the encoder and its Adam moments are sharded as in
+      # pre-training (the small task heads stay replicated).
+      param_axes=sharding.logical_axes(model.init, {"params": init_rng}, sample),
+      train_step=functools.partial(
+          train_step, model=model, tx=tx, task_loss=task.loss, schedule=schedule,
+          row_weight=task.row_weight, grad_accum_steps=config.get("grad_accum_steps", 1)),
+      eval_step=functools.partial(predict_step, model=model, task_loss=task.loss),
+      example_batch=rows, example_eval_batch=rows,
+      model_flops=model_flops, kernel_flops=kernel_flops,
+      # Checkpoints for resume: at every evaluation, and every N steps in between if asked.
+      settings=LoopSettings.from_config(config, num_train_steps, keep_checkpoints=1,
+                                        async_checkpointing=False,
+                                        checkpoint_at_evaluations=True),
+      batches=lambda: Batches(next_batch), dropout_rng=dropout_rng,
+      evaluator=functools.partial(_BestKeeper, task, config, inputs, model),
+      eval_at=((lambda step: step % config.eval_every_steps == 0) if config.eval_every_steps
+               else order.epoch_ends_at),
+      eval_first=num_train_steps == 0,   # predict only: the checkpoint as it is
+      warm_start=functools.partial(_warm_start, task, config, inputs.bert_config, tx),
+      throughput=Throughput(rates=lambda sums, steps, seconds: {
+          "examples_per_sec": steps * batch_size / seconds}),
+      console_keys=("loss", "learning_rate"))
+
+
+def _final_results(task: Task, config, inputs: Inputs, predictor: "Predictor", par, state,
                    workdir: str, step: int, num_train_steps: int,
                    train_seconds: float) -> Dict[str, Any]:
   """Predictions of every eval and test split by the best parameters; files and results.json."""
@@ -701,52 +758,21 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   check_config(config)
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
-  inputs = _read_inputs(task, config)
+  inputs = read_inputs(task, config)
   par = parallel.create(config)
   data_parallelism = sharding.mesh_shape(config)[0]   # devices / config.model_parallelism
   if config.global_batch_size % data_parallelism:
     raise ValueError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                      f"by the {data_parallelism} data-parallel devices")
-  num_train_steps = num_train_steps_for(config, inputs.train.features.num_rows)
-  tx, schedule = optimizer_for(task, config, num_train_steps)
-  model = FineTuningModel(inputs.bert_config, task.make_head(), task.output_hidden_states,
-                          task.freeze_encoder)
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  state = _initial_state(task, config, inputs, model, tx, par, init_rng)
-  inputs.pretrained = None   # host copies no longer needed
-  p_train_step = par.compile_step(functools.partial(
-      train_step, model=model, tx=tx, task_loss=task.loss, schedule=schedule,
-      row_weight=task.row_weight, grad_accum_steps=config.get("grad_accum_steps", 1)))
-  predictor = Predictor(model, task, config.eval_batch_size, par.mesh, par.params_sharding(),
-                        config.length_bucket)
-
-  # Checkpoints for resume: at every evaluation, and every N steps in between if asked.
-  trainer = Trainer(task.name, workdir, par,
-                    LoopSettings.from_config(config, num_train_steps, keep_checkpoints=1,
-                                             async_checkpointing=False,
-                                             checkpoint_at_evaluations=True),
-                    console_keys=("loss", "learning_rate"))
-  state = trainer.restore(state)
-  keep_best = _BestKeeper(task, config, inputs, predictor, par, workdir, trainer.resumed)
-  if num_train_steps == 0 and keep_best.value is None:
-    trainer.log_eval(0, keep_best(state, 0))
-  next_batch, order = _train_batches(task, config, inputs.train)
-  eval_at = ((lambda step: step % config.eval_every_steps == 0) if config.eval_every_steps
-             else order.epoch_ends_at)
-  batch_size = config.global_batch_size
+  job = make_job(task, config, inputs)
   start = time.time()
-  try:
-    state, _ = trainer.run(
-        state, p_train_step, next_batch, dropout_rng, evaluate=keep_best, eval_at=eval_at,
-        window_metrics=lambda sums, steps, seconds: {"examples_per_sec": steps * batch_size
-                                                     / seconds})
-  finally:
-    trainer.close()
-  if trainer.preempted:
+  outcome = jobs.run(job, workdir, par)
+  if outcome.preempted:
     return {"task": task.name, "preempted": True,
-            "step": int(np.asarray(par.metrics({"s": state.step})["s"]))}
-  return _final_results(task, config, inputs, predictor, par, state, workdir,
-                        num_train_steps, num_train_steps, time.time() - start)
+            "step": int(np.asarray(par.metrics({"s": outcome.state.step})["s"]))}
+  num_train_steps = job.settings.num_steps
+  return _final_results(task, config, inputs, outcome.evaluate.predictor, par, outcome.state,
+                        workdir, num_train_steps, num_train_steps, time.time() - start)
 
 
 # ----------------------------------------------------------------------------------- restarts

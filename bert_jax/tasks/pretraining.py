@@ -29,8 +29,9 @@ from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
 from bert_jax.runtime import step as step_core
-from bert_jax.runtime.job import Job
-from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Trainer
+from bert_jax.runtime import job as jobs
+from bert_jax.runtime.job import Batches, Job
+from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Throughput
 from bert_jax.runtime.state import TrainState
 from data_pipelines import features as F
 from data_pipelines import packing
@@ -334,8 +335,8 @@ def _pairs_in(batch) -> float:
   return float(len(batch["input_ids"]))
 
 
-def _throughput(config):
-  """(count, window_metrics) for the loop: sequences (NSP pairs), row and real tokens per second.
+def _throughput(config) -> Throughput:
+  """Sequences (NSP pairs), row and real tokens per second.
 
   Sequences are NSP pairs (several per packed row); the global counts assume the other hosts'
   rows hold as many pairs and real tokens as this host's (exact with one host).
@@ -346,7 +347,7 @@ def _throughput(config):
     return {"pairs": _pairs_in(batch), "real_tokens": float(np.sum(batch["input_mask"])),
             "packed": float(packing.NSP_WEIGHTS in batch)}
 
-  def window_metrics(sums, steps, seconds):
+  def rates(sums, steps, seconds):
     pairs = sums["pairs"] * hosts
     # tokens_per_sec counts row positions (padding included); real_tokens_per_sec only the
     # non-padding tokens, the throughput that packing raises.
@@ -357,7 +358,7 @@ def _throughput(config):
       rates["pairs_per_row"] = pairs / (steps * config.global_batch_size)
     return rates
 
-  return count, window_metrics
+  return Throughput(count, rates)
 
 
 def _prepare_workdir(config, workdir: str) -> str:
@@ -426,34 +427,64 @@ def model_flops(config, rows: int) -> float:
       predictions=rows * config.max_predictions_per_seq, pairs=pairs)
 
 
+def _training_batches(config) -> Batches:
+  """The training records through tf.data; the iterator's position is saved with checkpoints."""
+  from data_pipelines import input_pipeline
+  iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
+                                             source=config.data.input_files)
+  return Batches(lambda step: next(iterator), iterator)
+
+
+def _evaluator(config, eval_step_fn):
+  """trainer -> evaluate(state, step): the held-out records through the compiled eval step."""
+
+  def evaluator(trainer):
+    p_eval_step = trainer.par.compile_eval(eval_step_fn)
+    return lambda state, step: evaluate(config, state.params, p_eval_step, trainer.par)
+
+  return evaluator
+
+
+def _from_init_checkpoint(config, tx, state, par):
+  host = jax.device_get(par.checkpointable(state))
+  params = load_init_checkpoint(config, host.params)
+  print(f"Initialised from {config.init_checkpoint}", flush=True)
+  return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
+
+
 def make_job(config: ml_collections.ConfigDict) -> Job:
-  """The pre-training job `config` describes (runtime.job): what trains and what
-  `--compile_for` compiles."""
+  """The pre-training job `config` describes (runtime.job): what trains, what `--compile_for`
+  compiles and what the benchmarks time. Nothing is read until the job runs."""
   model = build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
-  init_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   # Logical axis names of the parameters: with model_parallelism > 1 or fsdp they shard the state.
   param_axes = sharding.logical_axes(
       model.init, init_rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
+  eval_fn = functools.partial(eval_step, model=model, objective=config.objective)
+  evaluates = bool(config.eval_every_steps and config.data.eval_input_files)
   return Job(
       name="pretraining", model=model, tx=tx, schedule=schedule,
       init_state=lambda: create_train_state(config, model, tx, init_rng),
       param_axes=param_axes,
       train_step=functools.partial(train_step, model=model, tx=tx, objective=config.objective,
                                    schedule=schedule, grad_accum_steps=config.grad_accum_steps),
-      eval_step=functools.partial(eval_step, model=model, objective=config.objective),
+      eval_step=eval_fn,
       example_batch=functools.partial(example_batch, config),
       example_eval_batch=functools.partial(_example_eval_batch, config),
       model_flops=functools.partial(model_flops, config),
       kernel_flops=lambda rows: flops.kernel_training_flops(model.config, rows,
-                                                            config.max_seq_length))
-
-
-def _from_init_checkpoint(config, tx, par, state):
-  host = jax.device_get(par.checkpointable(state))
-  params = load_init_checkpoint(config, host.params)
-  print(f"Initialised from {config.init_checkpoint}", flush=True)
-  return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
+                                                            config.max_seq_length),
+      settings=LoopSettings.from_config(config, config.num_train_steps),
+      batches=functools.partial(_training_batches, config), dropout_rng=dropout_rng,
+      evaluator=_evaluator(config, eval_fn) if evaluates else None,
+      eval_at=lambda step: evaluates and step % config.eval_every_steps == 0,
+      # Where training starts from (continued pre-training: the released model on this corpus).
+      eval_first=bool(config.get("eval_before_training")),
+      warm_start=(functools.partial(_from_init_checkpoint, config, tx)
+                  if config.init_checkpoint else None),
+      throughput=_throughput(config),
+      console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
@@ -465,37 +496,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   check_config(config)
   adopt_checkpoint(config)
   workdir = _prepare_workdir(config, workdir)
-  job = make_job(config)
-  par = parallel.create(config)
-  dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))[1]
-  state = par.init_state(job.init_state, job.param_axes)
-  p_train_step = par.compile_step(job.train_step)
-
-  from data_pipelines import input_pipeline
-  iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
-                                             source=config.data.input_files)
-  trainer = Trainer("pretraining", workdir, par,
-                    LoopSettings.from_config(config, config.num_train_steps), iterator=iterator)
-  state = trainer.restore(state)
-  if not trainer.resumed and config.init_checkpoint:
-    state = _from_init_checkpoint(config, job.tx, par, state)
-
-  evaluate_fn = None
-  if config.eval_every_steps and config.data.eval_input_files:
-    p_eval_step = par.compile_eval(job.eval_step)
-    evaluate_fn = lambda st, step: evaluate(config, st.params, p_eval_step, par)
-    if config.get("eval_before_training") and trainer.start_step == 0:
-      # Where training starts from (continued pre-training: the released model on this corpus).
-      trainer.log_eval(0, evaluate_fn(state, 0))
-  count, window_metrics = _throughput(config)
-  try:
-    _, last = trainer.run(
-        state, p_train_step, lambda step: next(iterator), dropout_rng, evaluate=evaluate_fn,
-        eval_at=lambda step: step % config.eval_every_steps == 0, count=count,
-        window_metrics=window_metrics)
-  finally:
-    trainer.close()
-  return dict(last, preempted=True) if trainer.preempted else last
+  outcome = jobs.run(make_job(config), workdir, parallel.create(config))
+  return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
