@@ -2,13 +2,9 @@
 and the claim it rests on: the same environment gives the same run, bit for bit."""
 import json
 import os
-import subprocess
-import sys
 
 from bert_jax.runtime import environment
-from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import demo_runs
 
 
 def test_describe_names_versions_cpu_and_devices():
@@ -32,11 +28,8 @@ def test_record_appends_one_line_per_start(tmp_path):
 
 
 def _demo(workdir):
-  """The README's main job, quick variant, in its own process."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  subprocess.run([sys.executable, "-m", "bert_jax.main",
-                  "--config=experiments/pretrain_demo.py:quick", f"--workdir={workdir}"],
-                 cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+  result = demo_runs.run(workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_the_demo_is_bitwise_reproducible_in_one_environment(tmp_path):
@@ -49,7 +42,6 @@ def test_the_demo_is_bitwise_reproducible_in_one_environment(tmp_path):
     with open(os.path.join(first, "data", name), "rb") as a, \
         open(os.path.join(second, "data", name), "rb") as b:
       assert a.read() == b.read(), name
-  untimed = lambda w: [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
-                       for r in read_metrics(w)]
+  untimed = demo_runs.untimed_metrics
   assert untimed(first) and untimed(first) == untimed(second)
   assert len(environment.read(first)) == 1

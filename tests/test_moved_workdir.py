@@ -2,29 +2,18 @@
 checkpoint, with the input position exact, and a failed restore never leaves a broken iterator."""
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from tests import demo_runs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The quick demo (data built into WORKDIR/data), 8 steps with a checkpoint at every other one.
 OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
              "--config.eval_every_steps=8"]
 
 
 def _demo(workdir):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", "bert_jax.main",
-                         "--config=experiments/pretrain_demo.py:quick", f"--workdir={workdir}",
-                         *OVERRIDES], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=600)
-
-
-def _untimed(workdir):
-  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(workdir)]
+  return demo_runs.run(workdir, *OVERRIDES)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +47,7 @@ def test_a_copied_workdir_resumes_exactly(finished, tmp_path):
   assert "Resumed from the checkpoint at step 4" in result.stdout, result.stdout[-2000:]
   assert "UNREADABLE" not in result.stdout + result.stderr
   assert not os.path.exists(os.path.join(moved, "checkpoints_corrupt"))
-  assert _untimed(moved) == _untimed(finished)
+  assert demo_runs.untimed_metrics(moved) == demo_runs.untimed_metrics(finished)
 
 
 def test_after_unreadable_checkpoints_the_run_starts_over_with_a_working_input(finished,
@@ -78,7 +67,7 @@ def test_after_unreadable_checkpoints_the_run_starts_over_with_a_working_input(f
   assert result.stdout.count("IS UNREADABLE") == 2
   assert sorted(n.split("-")[0] for n in os.listdir(os.path.join(copy, "checkpoints_corrupt"))) \
       == ["2", "4"]
-  assert _untimed(copy) == _untimed(finished)
+  assert demo_runs.untimed_metrics(copy) == demo_runs.untimed_metrics(finished)
 
 
 def test_a_failed_restore_leaves_the_iterator_at_its_first_batch(tmp_path):

@@ -49,8 +49,6 @@ _COPIES = ("copy", "transpose", "copy-start", "copy-done", "slice-start", "slice
 _RANDOM = ("rng", "rng-bit-generator", "rng-get-and-update-state")
 
 _SLICES = ("slice", "slice-start", "dynamic-slice")
-# Custom calls that move no bytes of their own (none known yet: libtpu's ConcatBitcast does).
-_FREE_TARGETS = ()
 _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8e\w+)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
@@ -80,10 +78,6 @@ class Operation:
   op_name: str
   calls: List[str]
   target: str = ""     # a custom call's custom_call_target
-
-
-def _target(op: Operation) -> str:
-  return op.target
 
 
 @dataclasses.dataclass
@@ -208,8 +202,6 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
         operands, op = start.operands, dataclasses.replace(start, shape=op.shape)
       if op.opcode in _SLICES:   # reads only the slice it writes, not its whole operand
         moved = 2 * shape_bytes(op.shape)
-      elif op.opcode == "custom-call" and _target(op) in _FREE_TARGETS:
-        continue
       else:
         moved = shape_bytes(op.shape) + sum(
             shape_bytes(by_name[o].shape) for o in operands if o in by_name)

@@ -5,27 +5,16 @@ freed the same command resumes from that checkpoint and ends exactly as an unint
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import demo_runs
 OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
              "--config.eval_every_steps=8"]
 
 
 def _demo(workdir):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", "bert_jax.main",
-                         "--config=experiments/pretrain_demo.py:quick", f"--workdir={workdir}",
-                         *OVERRIDES], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=600)
-
-
-def _untimed(workdir):
-  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(workdir)]
+  return demo_runs.run(workdir, *OVERRIDES)
 
 
 def _kib(path):
@@ -75,4 +64,4 @@ def test_a_full_disk_stops_the_run_and_the_same_command_resumes(small_disk, tmp_
   resumed = _demo(workdir)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"Resumed from the checkpoint at step {newest.group(1)}" in resumed.stdout
-  assert _untimed(workdir) == _untimed(reference)
+  assert demo_runs.untimed_metrics(workdir) == demo_runs.untimed_metrics(reference)
