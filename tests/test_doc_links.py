@@ -84,4 +84,6 @@ def test_benchmark_commands_name_modules(path):
   assert not re.findall(r"python benchmarks/\w+\.py", text), (
       f"{path}: run benchmarks as `python -m benchmarks.NAME` from the repository root")
   for name in re.findall(r"python -m benchmarks\.([a-z_]+)", text):
-    assert os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py")), f"{path}: {name}"
+    module = os.path.join(ROOT, "benchmarks", name)
+    assert os.path.exists(module + ".py") or os.path.exists(os.path.join(module, "__main__.py")), (
+        f"{path}: {name}")
