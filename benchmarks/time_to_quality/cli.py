@@ -11,7 +11,8 @@ from benchmarks.time_to_quality import common, finetune, hf_side, jax_side, prep
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=time_to_quality.__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m benchmarks.time_to_quality",
+                              description=time_to_quality.__doc__.split("\n")[0])
   stage = p.add_argument_group("stages (one or more, in this order)")
   stage.add_argument("--prepare", action="store_true", help="build OUT/data once")
   stage.add_argument("--side", choices=common.SIDES, action="append", default=[],
