@@ -125,7 +125,8 @@ QID = "Café_Müller-2"
     (_pop("data", 0, "paragraphs", 0, "qas", 1, "answers", 0, "answer_start"),
      rf"data\[0\]\.paragraphs\[0\]\.qas\[1\] \(id {QID}\)\.answers\[0\]: missing 'answer_start'"),
     (_set("22", "data", 0, "paragraphs", 0, "qas", 1, "answers", 0, "answer_start"),
-     rf"data\[0\]\.paragraphs\[0\]\.qas\[1\] \(id {QID}\)\.answers\[0\]\.answer_start: expected int, got str"),
+     rf"data\[0\]\.paragraphs\[0\]\.qas\[1\] \(id {QID}\)\.answers\[0\]\.answer_start: "
+     "expected int, got str"),
     (_set([], "data", 0, "paragraphs", 0, "qas", 1, "answers"),
      rf"data\[0\]\.paragraphs\[0\]\.qas\[1\] \(id {QID}\): answerable but has no answer"),
     (_set({"paragraphs": []}, "data"), r"not a SQuAD file \(no top-level 'data' list\)"),
