@@ -106,7 +106,7 @@ def record_problem(serialized: bytes, spec: Dict[str, tf.io.FixedLenFeature]) ->
 
 def first_bad_record(files: Sequence[str], spec: Optional[Dict[str, tf.io.FixedLenFeature]],
                      seconds: float = 120.0, records: Optional[int] = None) -> Optional[str]:
-  """"PATH: record I: why" of the first unreadable record (truncated, corrupted) or, with `spec`,
+  """'PATH: record I: why' of the first unreadable record (truncated, corrupted) or, with `spec`,
   the first that does not parse with it; None if there is none (or none within `seconds`, or
   within the first `records` of each file). What names the file after tf.data's error, which
   says neither the file nor the record."""
@@ -134,6 +134,14 @@ def check_first_records(files: Sequence[str], spec: Dict[str, tf.io.FixedLenFeat
     for problem in problems:
       if problem:
         raise RecordFormatError(f"Bad input record: {problem}")
+
+
+def process_files(files: Sequence[str], process_index: int, process_count: int):
+  """(the files this process reads, None) or, with fewer files than processes, (all files,
+  (process_count, process_index)): every process reads them all and keeps every n-th record."""
+  if len(files) >= process_count:
+    return files[process_index::process_count], None
+  return files, (process_count, process_index)
 
 
 def _process_info(process_index, process_count):
@@ -176,12 +184,7 @@ def create_pretraining_dataset(
   spec = (F.static_feature_spec(max_seq_length, max_predictions_per_seq) if kind == "static"
           else F.dynamic_feature_spec(max_seq_length))
 
-  if len(files) >= process_count:
-    my_files = files[process_index::process_count]
-    record_shard = None
-  else:  # fewer files than hosts: every host reads all files and keeps every n-th record
-    my_files = files
-    record_shard = (process_count, process_index)
+  my_files, record_shard = process_files(files, process_index, process_count)
   check_first_records(my_files, spec)
   dataset = tf.data.Dataset.from_tensor_slices(my_files)
   if is_training:
@@ -341,7 +344,8 @@ class PipelineIterator:
   def _find_bad_record(self) -> Optional[str]:
     if not self._source:
       return None
-    return first_bad_record(expand_patterns(self._source), self._spec)
+    files, _ = process_files(expand_patterns(self._source), *_process_info(None, None))
+    return first_bad_record(files, self._spec)
 
   def skip(self, batches: int) -> None:
     """Moves `batches` batches ahead from the current position (a replay: every batch is read
