@@ -225,3 +225,26 @@ def test_a_vocabulary_that_does_not_match_the_checkpoint(checkpoints, tmp_path, 
                                        r".*ckpt has vocab_size=40: they do not belong together"):
     tasks.run(copy.deepcopy(config), str(tmp_path / "workdir"))
   assert not os.path.exists(tmp_path / "workdir" / "checkpoints")
+
+
+# ------------------------------------------------------------------------- a run, as it starts
+
+
+@pytest.mark.parametrize("experiment,field,text,expected", [
+    (squad_experiment, "train_file", b'{"data": [{"title": "x"}]}',
+     r"train\.json: data\[0\]: missing 'paragraphs'"),
+    (squad_experiment, "dev_file", b"", r"train\.json:1: not valid JSON"),
+    (ner_experiment, "train_file", b"EU NNP B-NP B-ORG\nrejects\n",
+     r"train\.json:2: expected 4 columns, got 1"),
+    (ner_experiment, "dev_file", b"", r"train\.json: no sentences"),
+])
+def test_a_run_given_a_bad_file_stops_before_training(checkpoints, tmp_path, experiment, field,
+                                                       text, expected):
+  """`tasks.run`, what `python -m bert_jax.main` calls: the bad file is named before a step."""
+  (tmp_path / "train.json").write_bytes(text)
+  config = experiment.get_config("quick")
+  config.init_checkpoint = checkpoints[0]
+  config.data[field] = str(tmp_path / "train.json")
+  with pytest.raises(ValueError, match=expected):
+    tasks.run(config, str(tmp_path / "workdir"))
+  assert not os.path.exists(tmp_path / "workdir" / "checkpoints")
