@@ -19,7 +19,9 @@ and its records, file for file:
      ended, one temporary piece file per output beside the outputs;
   5. write: each output file is its pieces concatenated in bucket order (TFRecord files
      concatenate), so output i holds the records, in the order, that the single-machine builder
-     writes to output i.
+     writes to output i; written in `.NAME.partial/` beside the outputs and moved into place
+     once the pipeline is done (a killed run leaves no half-written output; a rerun starts
+     afresh).
 Not `beam.io.WriteToTFRecord`: it deals records to shards in arrival order (a partial shuffle
 that depends on the runner) and names files only as PATH-SSSSS-of-NNNNN; this way every output
 spec (`PATH@N` or a comma list) and the single-machine bytes come out on every runner.
@@ -36,7 +38,6 @@ import logging
 import re
 import shutil
 import time
-import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
@@ -208,16 +209,22 @@ class _WriteBucketPieces(beam.DoFn):
       yield output, (bucket, path, len(piece))
 
 
+def concatenated_path(work_dir: str, output: int) -> str:
+  """Where output `output` is written before the run moves it into place."""
+  return filesystem.join(work_dir, f"output-{output:05d}.tfrecord")
+
+
 class _ConcatenatePieces(beam.DoFn):
   """An output file = its pieces in bucket order (a TFRecord file is its records' framing end to
-  end, so the concatenation is one valid file)."""
+  end, so the concatenation is one valid file), written in the work directory: the driver moves
+  the outputs into place once the whole pipeline is done."""
 
-  def __init__(self, output_files: Sequence[str]):
-    self.output_files = list(output_files)
+  def __init__(self, work_dir: str):
+    self.work_dir = work_dir
 
   def process(self, keyed):
     output, pieces = keyed
-    with filesystem.open(self.output_files[output], "wb") as out:
+    with filesystem.open(concatenated_path(self.work_dir, output), "wb") as out:
       for _, path, _ in sorted(pieces):
         with filesystem.open(path, "rb") as piece:
           shutil.copyfileobj(piece, out, 1 << 22)
@@ -310,7 +317,7 @@ def build_pipeline(pipeline: beam.Pipeline, sources: Sequence[Source], plan: cpd
                 beam.pvalue.AsSingleton(bucket_offsets)))
   _ = (pieces
        | "GroupOutputs" >> beam.GroupByKey()
-       | "WriteOutputs" >> beam.ParDo(_ConcatenatePieces(plan.output_files)))
+       | "WriteOutputs" >> beam.ParDo(_ConcatenatePieces(work_dir)))
   written = (pieces
              | "PieceSizes" >> beam.Map(lambda piece: piece[1][2])
              | "Written" >> beam.CombineGlobally(sum))
@@ -361,9 +368,11 @@ def run(input_files: Sequence[str], output_files: Sequence[str], tokenizer, *,
     tfds = None
     sources = [Source(i, path=filesystem.absolute(p)) for i, p in enumerate(plan.input_files)]
   _quiet_beam_logs()
-  # Temporary pieces and the summary beside the outputs: every worker can write there.
-  work_dir = filesystem.join(filesystem.dirname(plan.output_files[0]),
-                             f"_create_pretraining_data-{uuid.uuid4().hex[:12]}")
+  # Temporary pieces, outputs and the summary beside the outputs: every worker can write there.
+  # The directory is the single-machine builder's: a rerun after a kill starts it afresh.
+  work_dir = cpd.partial_directory(plan.output_files)
+  if filesystem.exists(work_dir):
+    filesystem.rmtree(work_dir)
   filesystem.makedirs(work_dir)
   summary_path = filesystem.join(work_dir, "summary.json")
   try:
@@ -377,6 +386,10 @@ def run(input_files: Sequence[str], output_files: Sequence[str], tokenizer, *,
     if not filesystem.exists(summary_path):
       raise RuntimeError(f"The Beam pipeline finished without its summary {summary_path}")
     summary = json.loads(filesystem.read_text(summary_path))
+    cpd.check_instances(cpd.Stats(**summary["stats"]),
+                        plan.input_files or [tfds_name], summary["written"])
+    for output, path in enumerate(plan.output_files):   # each output appears whole, at the end
+      filesystem.rename(concatenated_path(work_dir, output), path)
   finally:
     if filesystem.exists(work_dir):
       filesystem.rmtree(work_dir)

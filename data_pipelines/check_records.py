@@ -2,10 +2,10 @@ r"""Finds the unreadable TFRecord files (truncated or corrupted) among a run's i
 
   python -m data_pipelines.check_records --input_files='records/train-*.tfrecord'
 
-A training run that meets a bad record stops with "Unreadable record in PATTERN (... at OFFSET)"
-(`input_pipeline.DataLossError`); tf.data does not say which file. This reads every record of
-every file (a comma list and/or globs, as `config.data.input_files`), with tf.data's checksums,
-and prints each bad file with the number of records before the damage and tf.data's reason. Exit
+A training run that meets a bad record stops naming the file and record (it reads the files
+again after tf.data's error, for up to two minutes: `input_pipeline.first_bad_record`). This
+reads every record of every file (a comma list and/or globs, as `config.data.input_files`), with
+tf.data's checksums, and prints each bad file with the number of records before the damage and tf.data's reason. Exit
 status 1 if any file is bad, 0 otherwise.
 """
 import os

@@ -511,17 +511,41 @@ def expand_output_files(spec: str) -> List[str]:
 
 
 def _check_writable(paths: Sequence[str]) -> None:
-  """Creates the output directories and fails, naming the path, before any work is done."""
+  """Creates the output directories and fails, naming the path, before any work is done.
+
+  A new output is created to see that it can be, and removed again: an empty file left there by a
+  run that then stopped would pass for a finished output with no records."""
   import tensorflow as tf
   for path in paths:
     try:
       directory = filesystem.dirname(path)
       if directory:
         filesystem.makedirs(directory)
-      with filesystem.open(path, "wb"):
-        pass
+      if filesystem.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory")
+      if not filesystem.exists(path):
+        with filesystem.open(path, "wb"):
+          pass
+        filesystem.remove(path)
     except (OSError, tf.errors.OpError) as e:
       raise PermissionError(f"Cannot write the output file {path}: {e}") from None
+
+
+def partial_directory(output_files: Sequence[str]) -> str:
+  """`.NAME.partial/` beside the first output (NAME: its base name): where a run writes until
+  every output is complete. The same for every run of the same command, so a run killed half-way
+  leaves its partial files there, never at the outputs' names, and the next run starts afresh."""
+  first = filesystem.absolute(output_files[0])
+  return filesystem.join(filesystem.dirname(first), f".{filesystem.basename(first)}.partial")
+
+
+def check_instances(stats: "Stats", inputs: Sequence[str], written: int) -> None:
+  """No record from the whole input is an error naming it (an empty or blank file, a wrong
+  glob), not a run that ends well with empty outputs."""
+  if not written:
+    raise ValueError(f"No instances from {', '.join(inputs) or 'the input'}: "
+                     f"{stats.input_lines} line(s), {stats.documents} document(s) with text "
+                     f"(an empty input?)")
 
 
 def _num_buckets(input_bytes: Optional[int], options: Options) -> int:
@@ -687,10 +711,15 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
   opts, output_files = plan.options, plan.output_files
   stats = Stats()
   started = time.time()
-  # Temporary bucket files: always local (beside a local output, else in the system's temp dir).
-  bucket_dir = tempfile.mkdtemp(prefix="bert_jax_buckets_",
-                                dir=None if filesystem.is_url(output_files[0]) else
-                                filesystem.dirname(filesystem.absolute(output_files[0])))
+  work_dir = partial_directory(output_files)
+  if filesystem.exists(work_dir):   # left by a run that was killed
+    filesystem.rmtree(work_dir)
+  filesystem.makedirs(work_dir)
+  partial_outputs = [filesystem.join(work_dir, f"output-{i:05d}.tfrecord")
+                     for i in range(len(output_files))]
+  # Temporary bucket files: always local (in the work directory, else in the system's temp dir).
+  bucket_dir = tempfile.mkdtemp(prefix="buckets_",
+                                dir=None if filesystem.is_url(work_dir) else work_dir)
   try:
     if tfds_name:
       documents = documents_from_tfds(tfds_name, tfds_split, tfds_text_field, tfds_data_dir,
@@ -700,10 +729,15 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
     blocks = _progress(_blocks(documents, opts.documents_per_block), progress,
                        "instances", "block")
     _run_blocks(blocks, (opts, bucket_dir, plan.num_buckets), tokenizer, num_workers, stats)
-    written = _write_shuffled_buckets(bucket_dir, plan.num_buckets, output_files,
+    written = _write_shuffled_buckets(bucket_dir, plan.num_buckets, partial_outputs,
                                       opts.random_seed, progress)
+    check_instances(stats, plan.input_files or [tfds_name], written)
+    for partial, output in zip(partial_outputs, output_files):   # each output appears whole
+      filesystem.rename(partial, output)
   finally:
     shutil.rmtree(bucket_dir, ignore_errors=True)
+    if filesystem.exists(work_dir):
+      filesystem.rmtree(work_dir)
   finish(stats, written, len(output_files), time.time() - started, progress)
   return stats
 

@@ -20,7 +20,9 @@ the same rows and iterator checkpoints still resume exactly. Evaluation is never
 metrics are those of the unpacked data and comparable across runs with and without packing.
 """
 import atexit
+import concurrent.futures
 import re
+import time
 import weakref
 from typing import Callable, Dict, Optional, Sequence, Union
 
@@ -70,6 +72,78 @@ def record_kind(path: str) -> str:
   raise ValueError(f"{path}: no records")
 
 
+def feature_spec(file_patterns: Union[str, Sequence[str]], max_seq_length: int,
+                 max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
+  """The parsing spec of the records in `file_patterns` (static or dynamic: the first file's)."""
+  files = expand_patterns(file_patterns)
+  if record_kind(files[0]) == "static":
+    return F.static_feature_spec(max_seq_length, max_predictions_per_seq)
+  return F.dynamic_feature_spec(max_seq_length)
+
+
+class RecordFormatError(ValueError):
+  """A record that does not hold the features the run reads (names the file and record)."""
+
+
+def record_problem(serialized: bytes, spec: Dict[str, tf.io.FixedLenFeature]) -> Optional[str]:
+  """Why one serialized record does not parse with `spec` (None if it does), in words."""
+  try:
+    example = tf.train.Example.FromString(serialized)
+  except Exception:  # noqa: BLE001 (protobuf's DecodeError has no stable import path)
+    return "not a tf.train.Example"
+  present = example.features.feature
+  for name, feature in spec.items():
+    if name not in present:
+      return f"feature {name!r} is missing (the record has {sorted(present)})"
+    kind = "float_list" if feature.dtype == tf.float32 else "int64_list"
+    if present[name].WhichOneof("kind") != kind:
+      return f"feature {name!r} holds {present[name].WhichOneof('kind')}, expected {kind}"
+    values = len(getattr(present[name], kind).value)
+    if values != feature.shape[0]:
+      return f"feature {name!r} has {values} values, expected {feature.shape[0]}"
+  return None
+
+
+def first_bad_record(files: Sequence[str], spec: Optional[Dict[str, tf.io.FixedLenFeature]],
+                     seconds: float = 120.0, records: Optional[int] = None) -> Optional[str]:
+  """'PATH: record I: why' of the first unreadable record (truncated, corrupted) or, with `spec`,
+  the first that does not parse with it; None if there is none (or none within `seconds`, or
+  within the first `records` of each file). What names the file after tf.data's error, which
+  says neither the file nor the record."""
+  deadline = time.time() + seconds
+  for path in files:
+    index = 0
+    try:
+      for serialized in tf.data.TFRecordDataset(path).take(-1 if records is None else records):
+        problem = spec and record_problem(serialized.numpy(), spec)
+        if problem:
+          return f"{path}: record {index}: {problem}"
+        index += 1
+        if time.time() > deadline:
+          return None
+    except tf.errors.DataLossError as e:
+      return f"{path}: record {index}: unreadable ({tf_error_reason(e)})"
+  return None
+
+
+def check_first_records(files: Sequence[str], spec: Dict[str, tf.io.FixedLenFeature]) -> None:
+  """Reads and parses the first record of every file before training starts, so a garbage file
+  or one with other features fails now, naming it, not hours later when tf.data reaches it."""
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(files))) as pool:
+    problems = pool.map(lambda path: first_bad_record([path], spec, records=1), files)
+    for problem in problems:
+      if problem:
+        raise RecordFormatError(f"Bad input record: {problem}")
+
+
+def process_files(files: Sequence[str], process_index: int, process_count: int):
+  """(the files this process reads, None) or, with fewer files than processes, (all files,
+  (process_count, process_index)): every process reads them all and keeps every n-th record."""
+  if len(files) >= process_count:
+    return files[process_index::process_count], None
+  return files, (process_count, process_index)
+
+
 def _process_info(process_index, process_count):
   if process_index is None or process_count is None:
     import jax
@@ -110,12 +184,9 @@ def create_pretraining_dataset(
   spec = (F.static_feature_spec(max_seq_length, max_predictions_per_seq) if kind == "static"
           else F.dynamic_feature_spec(max_seq_length))
 
-  if len(files) >= process_count:
-    dataset = tf.data.Dataset.from_tensor_slices(files[process_index::process_count])
-    record_shard = None
-  else:  # fewer files than hosts: every host reads all files and keeps every n-th record
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    record_shard = (process_count, process_index)
+  my_files, record_shard = process_files(files, process_index, process_count)
+  check_first_records(my_files, spec)
+  dataset = tf.data.Dataset.from_tensor_slices(my_files)
   if is_training:
     dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.repeat()
@@ -225,13 +296,16 @@ class PipelineIterator:
   must survive a failed restore: a second iteration of one dataset object reshuffles
   differently (`reshuffle_each_iteration`), while a rebuilt pipeline starts exactly as the first.
   `source` (the files, e.g. `config.data.input_files`) names the input in errors: tf.data's
-  "corrupted record at 4032" says neither which file nor which run.
+  "corrupted record at 4032" or "Key: input_ids, Index: 7" says neither which file nor which
+  record, so after such an error the files are read again (`first_bad_record`, with `spec` the
+  features the pipeline parses) to name them.
   """
 
   def __init__(self, dataset: Union[tf.data.Dataset, Callable[[], tf.data.Dataset]],
-               source: str = ""):
+               source: str = "", spec: Optional[Dict[str, tf.io.FixedLenFeature]] = None):
     self._dataset = dataset
     self._source = source
+    self._spec = spec
     self._start()
     _LIVE_ITERATORS.add(self)
 
@@ -254,10 +328,24 @@ class PipelineIterator:
       return {k: v.numpy() for k, v in next(self._iterator).items()}
     except tf.errors.DataLossError as e:  # a truncated or corrupted TFRecord file
       files = self._source or "the input files"
+      found = self._find_bad_record()
+      where = (f"{found}. The file is" if found else
+               f"`python -m data_pipelines.check_records --input_files='{files}'` names the "
+               "file. A file there is")
       raise DataLossError(
-          f"Unreadable record in {files} ({tf_error_reason(e)}): a file there is truncated or "
-          "corrupted, or was rewritten while this run read it. `python -m "
-          f"data_pipelines.check_records --input_files='{files}'` names the file.") from None
+          f"Unreadable record in {files} ({tf_error_reason(e)}): {where} truncated or "
+          "corrupted, or was rewritten while this run read it.") from None
+    except tf.errors.InvalidArgumentError:  # a record without the features parsed
+      found = self._find_bad_record()
+      if not found:
+        raise
+      raise RecordFormatError(f"Bad input record in {self._source}: {found}") from None
+
+  def _find_bad_record(self) -> Optional[str]:
+    if not self._source:
+      return None
+    files, _ = process_files(expand_patterns(self._source), *_process_info(None, None))
+    return first_bad_record(files, self._spec)
 
   def skip(self, batches: int) -> None:
     """Moves `batches` batches ahead from the current position (a replay: every batch is read

@@ -299,6 +299,9 @@ def predict_file(model: fine_tuned.FineTuned, input_path: str, output_path: str,
   if fmt == "squad_json" and model.kind != "span":
     raise ValueError(f"format squad_json is for SQuAD models; {model.directory} is "
                      f"{model.task.name}")
+  if fmt != "squad_json" and not _has_a_line(input_path):   # a SQuAD file is checked whole
+    raise ValueError(f"{input_path}: no examples (the file is empty or holds only blank "
+                     "lines)")
   report = report or (lambda message: print(message, file=sys.stderr, flush=True))
   counts = Counts()
   make_example = EXAMPLE_MAKERS[model.config.task](model.config)
@@ -322,6 +325,12 @@ def predict_file(model: fine_tuned.FineTuned, input_path: str, output_path: str,
       bar.update(len(chunk))
   bar.close()
   return counts
+
+
+def _has_a_line(path: str) -> bool:
+  """Whether `path` holds a non-blank line (read up to the first one)."""
+  with filesystem.open(path, "rb") as f:
+    return any(line.strip() for line in f)
 
 
 def _progress_bar(path: str, fmt: str, enabled: bool):

@@ -279,7 +279,8 @@ def evaluate(config, params, p_eval_step, par) -> Dict[str, float]:
            for k, spec in dataset.element_spec.items()}
   totals = None
   batches = sharding.lockstep(
-      input_pipeline.PipelineIterator(dataset, source=config.data.eval_input_files), blank)
+      input_pipeline.PipelineIterator(dataset, source=config.data.eval_input_files,
+                                      spec=record_spec(config, training=False)), blank)
   for i, batch in enumerate(batches):
     if config.eval_steps and i >= config.eval_steps:
       break
@@ -326,6 +327,14 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
       special=special, seed=config.seed, is_training=training,
       process_index=process_index, process_count=process_count,
       shuffle_buffer_size=config.data.shuffle_buffer_size, packing=packing_config)
+
+
+def record_spec(config, training: bool):
+  """The features each training (or evaluation) record must hold, for naming a bad one."""
+  from data_pipelines import input_pipeline
+  return input_pipeline.feature_spec(
+      config.data.input_files if training else config.data.eval_input_files,
+      config.max_seq_length, config.max_predictions_per_seq)
 
 
 def _pairs_in(batch) -> float:
@@ -431,7 +440,8 @@ def _training_batches(config) -> Batches:
   """The training records through tf.data; the iterator's position is saved with checkpoints."""
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
-                                             source=config.data.input_files)
+                                             source=config.data.input_files,
+                                             spec=record_spec(config, training=True))
   return Batches(lambda step: next(iterator), iterator)
 
 

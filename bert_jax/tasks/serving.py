@@ -29,7 +29,7 @@ Shape letters: B batch, C choices, S sequence, H hidden, K labels.
 import contextlib
 import dataclasses
 import json
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -345,16 +345,35 @@ def export_saved_model(servable: Servable, output: str,
     return converted(params, input_ids, input_mask, segment_ids)
 
   module.serve = serve
-  filesystem.makedirs(output)
   # jax2tf lowers and serializes while `serve` is traced: both fixes must be in place then.
-  with stablehlo_readable_by_tensorflow(), erf_without_composite():
-    tf.saved_model.save(module, output,
+  with written_whole(output) as partial, stablehlo_readable_by_tensorflow(), \
+      erf_without_composite():
+    tf.saved_model.save(module, partial,
                         signatures={SERVING_SIGNATURE: serve.get_concrete_function()})
   description = signature_description(
       servable, "saved_model", f"assets/{vocab_name}" if vocab_name else None, platforms)
   filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),
                         json.dumps(description, indent=2, ensure_ascii=False) + "\n")
   return description
+
+
+@contextlib.contextmanager
+def written_whole(output: str) -> Iterator[str]:
+  """Yields `OUTPUT.partial` to write an export into; when the block ends, it replaces `output`.
+
+  An export killed half-way (kill -9, a full disk) leaves `OUTPUT.partial`, never a half-written
+  `output` that a server could load as good; the next export starts that directory afresh.
+  `signature.json`, written into `output` after the move, marks a finished export on stores
+  where a directory moves file by file (Cloud Storage).
+  """
+  partial = output.rstrip("/") + ".partial"
+  if filesystem.exists(partial):
+    filesystem.rmtree(partial)
+  filesystem.makedirs(partial)
+  yield partial
+  if filesystem.exists(output):
+    filesystem.rmtree(output)
+  filesystem.rename(partial, output)
 
 
 def _version(text: str) -> Tuple[int, ...]:
@@ -494,12 +513,12 @@ def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
   elif servable.kind == "regression":
     hf_config.update(num_labels=1, problem_type="regression")
   hf_config = {k: v for k, v in hf_config.items() if v is not None}
-  filesystem.makedirs(output)
-  checkpoints.save_safetensors(state, filesystem.join(output, "model.safetensors"),
-                               metadata={"format": "pt"})
-  filesystem.write_text(filesystem.join(output, "config.json"),
-                        json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-  vocab_name = _write_huggingface_tokenizer(servable, output)
+  with written_whole(output) as partial:
+    checkpoints.save_safetensors(state, filesystem.join(partial, "model.safetensors"),
+                                 metadata={"format": "pt"})
+    filesystem.write_text(filesystem.join(partial, "config.json"),
+                          json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    vocab_name = _write_huggingface_tokenizer(servable, partial)
   description = signature_description(servable, "huggingface", vocab_name)
   description["transformers_class"] = architecture
   filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),

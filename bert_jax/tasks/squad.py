@@ -71,6 +71,23 @@ def answer_matches_context(context: str, text: str, start: int) -> bool:
   return 0 <= start and bool(text) and context[start:start + len(text)] == text
 
 
+class SquadDataError(ValueError):
+  """A SQuAD file without the official layout (names the file and the JSON path)."""
+
+
+def _field(record, name: str, kind: type, where: str):
+  """record[name], which must be a `kind`; else an error naming the JSON path."""
+  if not isinstance(record, dict):
+    raise SquadDataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+  if name not in record:
+    raise SquadDataError(f"{where}: missing {name!r}")
+  value = record[name]
+  if not isinstance(value, kind) or isinstance(value, bool):
+    names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    raise SquadDataError(f"{where}.{name}: expected {names}, got {type(value).__name__}")
+  return value
+
+
 def examples_from_articles(articles: Sequence[dict], is_training: bool, source: str = "SQuAD",
                            stats: Optional[ReadStats] = None) -> List[SquadExample]:
   """Examples from the `data` list of a SQuAD JSON file (v1.1 or v2.0, detected per question).
@@ -78,31 +95,42 @@ def examples_from_articles(articles: Sequence[dict], is_training: bool, source: 
   Training questions keep their first answer (the original requires exactly one); evaluation
   questions keep all of them for the metric. A training answer whose text is not at its offset is
   counted in `stats` and skipped with a warning naming the question id, as the original does.
+  A missing or mistyped field is an error naming its JSON path (`FILE: data[0].paragraphs[2]
+  .qas[1] (id ...): missing 'question'`).
   """
   stats = stats if stats is not None else ReadStats()
   examples = []
-  for article in articles:
-    for paragraph in article["paragraphs"]:
-      context = paragraph["context"]
-      for qa in paragraph["qas"]:
+  for a, article in enumerate(articles):
+    at_article = f"{source}: data[{a}]"
+    for p, paragraph in enumerate(_field(article, "paragraphs", list, at_article)):
+      at_paragraph = f"{at_article}.paragraphs[{p}]"
+      context = _field(paragraph, "context", str, at_paragraph)
+      for q, qa in enumerate(_field(paragraph, "qas", list, at_paragraph)):
+        at_question = f"{at_paragraph}.qas[{q}]"
+        qid = str(_field(qa, "id", (str, int), at_question))
+        at_question += f" (id {qid})"
+        question = _field(qa, "question", str, at_question)
         stats.num_questions += 1
-        qid = str(qa["id"])
         is_impossible = bool(qa.get("is_impossible", False))
-        answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
+        answers = []
+        for n, answer in enumerate(qa.get("answers", [])):
+          at_answer = f"{at_question}.answers[{n}]"
+          answers.append((_field(answer, "text", str, at_answer),
+                          _field(answer, "answer_start", int, at_answer)))
         if is_training and not is_impossible:
           if not answers:
-            raise ValueError(f"{source}: question {qid} is answerable but has no answer")
+            raise SquadDataError(f"{at_question}: answerable but has no answer")
           answers = answers[:1]
           text, start = answers[0]
           if not answer_matches_context(context, text, start):
-            log.warning("%s: question %s: answer %r is not in the context at offset %d; "
-                        "skipped", source, qid, text, start)
+            log.warning("%s: answer %r is not in the context at offset %d; skipped",
+                        at_question, text, start)
             stats.num_skipped += 1
             stats.skipped_ids.append(qid)
             continue
         if is_impossible:
           answers = []
-        examples.append(SquadExample(qid, qa["question"], context, answers, is_impossible,
+        examples.append(SquadExample(qid, question, context, answers, is_impossible,
                                      article.get("title", "")))
   return examples
 
@@ -114,9 +142,9 @@ def read_squad_json(path: str, is_training: bool,
     try:
       data = json.load(f)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: not valid JSON ({e})") from e
-  if "data" not in data:
-    raise ValueError(f"{path}: not a SQuAD file (no top-level 'data' list)")
+      raise SquadDataError(f"{path}:{e.lineno}: not valid JSON ({e})") from None
+  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+    raise SquadDataError(f"{path}: not a SQuAD file (no top-level 'data' list)")
   return examples_from_articles(data["data"], is_training, source=path, stats=stats)
 
 
