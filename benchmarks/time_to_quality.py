@@ -45,7 +45,7 @@ initialisation, MLM + NSP, batch 64 x 128, peak lr 5e-4 (post-LN small models st
 experiments/pretrain_demo.py), linear warm-up over the first 5% of the side's steps then linear
 decay to 0 at its last step, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 except biases
 and LayerNorm), gradient clipping at global norm 1.0.
-  bert_jax: `bert_jax.tasks.pretraining.train_and_evaluate` as a user runs it (tf.data pipeline
+  bert_jax: `bert_jax.tasks.jobs.pretraining.train_and_evaluate` as a user runs it (tf.data pipeline
     with dynamic masking, 15%, 80/10/10, at most 20 predictions per sequence; AdamW as the
     original, without bias correction; the original schedule, whose decay runs over all steps).
   transformers: `BertForPreTraining` with `transformers.Trainer` and
@@ -72,7 +72,7 @@ and LayerNorm), gradient clipping at global norm 1.0.
   The transformers side ends with `save_pretrained` + vocab.txt in OUT/transformers/final.
 
 `--finetune` (OUT/finetune/<side>/<task>): both checkpoints with one recipe, bert_jax's GLUE
-fine-tuning (`bert_jax.tasks.glue.run`, what `glue.run_all` runs for each task; called per task
+fine-tuning (`bert_jax.tasks.datasets.glue.run`, what `glue.run_all` runs for each task; called per task
 because a training subset applies to one task only): SST-2, MRPC, STS-B, RTE, CoLA, whole dev
 sets, `--seeds` restarts, batch 32, lr 1e-4 (small models want a higher rate than BERT-base's
 2e-5..5e-5), 3 epochs, warm-up 10%, max length 128, batches cut to their longest row
@@ -257,7 +257,7 @@ def jax_config(args, info: dict):
 
 def eval_batches_from_pipeline(config, max_sequences: int) -> List[Batch]:
   """The first batches of bert_jax's evaluation pipeline (fixed masks), as numpy."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   dataset = pretraining.input_pipeline_for(config, training=False, process_index=0,
                                            process_count=1)
   count = max(1, math.ceil(max_sequences / config.eval_batch_size))
@@ -488,7 +488,7 @@ def jax_clock_marks(workdir: str) -> List[Tuple[int, float]]:
 
 def calibrate_jax(args, info: dict) -> Calibration:
   """bert_jax's speed: `train_and_evaluate` for 3 logging windows of `calibration_steps`."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   k = args.calibration_steps
   config = jax_config(args, info)
   config.num_train_steps, config.warmup_steps, config.log_every_steps = 3 * k, k, k
@@ -504,7 +504,7 @@ def calibrate_jax(args, info: dict) -> Calibration:
 def score_jax(config, params, batches: Sequence[Batch]) -> Dict[str, float]:
   """bert_jax's evaluation step summed over `batches` (the cross-check of the curve's data)."""
   import jax
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   model = pretraining.build_model(config)
   step = jax.jit(functools.partial(pretraining.eval_step, model=model,
                                    objective=config.objective))
@@ -525,7 +525,7 @@ def jax_params_from_workdir(workdir: str):
 
 def run_jax(args) -> dict:
   """Pre-trains with bert_jax's `train_and_evaluate` (resuming from OUT/bert_jax/workdir)."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   info = read_data_info(args.out)
   side_dir = os.path.join(args.out, "bert_jax")
   if os.path.exists(os.path.join(side_dir, "summary.json")):
@@ -610,7 +610,7 @@ def score_torch(model, batches: Sequence[Batch]) -> Dict[str, float]:
   """bert_jax's evaluation metrics for a `BertForPreTraining` on the fixed eval batches.
 
   MLM: sum(w * nll) / sum(w) over masked_lm_positions, accuracy = argmax hits; NSP: mean over
-  real rows (example_weight), as `bert_jax.tasks.pretraining.loss_from_terms`.
+  real rows (example_weight), as `bert_jax.tasks.jobs.pretraining.loss_from_terms`.
   """
   import torch
   import torch.nn.functional as F
@@ -867,7 +867,7 @@ def seed_devs(result: dict) -> List[Dict[str, float]]:
 
 def finetune(args) -> dict:
   """Every task for both checkpoints; a finished task (its ttq.json) is not run again."""
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   subsets = parse_subsets(args.ft_train_examples)
   results = {}
   for side in SIDES:
@@ -984,7 +984,7 @@ def describe_documents(documents: Dict[str, Dict[str, int]]) -> str:
 
 def report(args) -> dict:
   """OUT/time_to_quality.md and .json, and the plot, from whatever stages have finished."""
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   info = read_data_info(args.out)
   sides = {side: read_side(args, side) for side in SIDES}
   finetuned = collect_finetune(args)

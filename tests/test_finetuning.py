@@ -9,8 +9,8 @@ import pytest
 from sklearn import metrics as skm
 
 from bert_jax.io import checkpoints
-from bert_jax.tasks import finetuning
-from bert_jax.tasks import glue
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.datasets import glue
 from bert_jax.model import heads
 from bert_jax import tasks
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
@@ -201,7 +201,7 @@ def test_real_checkpoint_end_to_end(data, tmp_path):
 
 
 def test_left_to_right_ablation_fine_tunes_with_causal_attention():
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   from bert_jax.model.config import BertConfig
   from experiments import glue as glue_experiment
   config = glue_experiment.get_config("task=mrpc,quick")

@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.tasks import finetuning
-from bert_jax.tasks import glue
-from bert_jax.tasks import ner
-from bert_jax.tasks import squad
-from bert_jax.tasks import swag
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.datasets import glue
+from bert_jax.tasks.datasets import ner
+from bert_jax.tasks.datasets import squad
+from bert_jax.tasks.datasets import swag
 from bert_jax import tasks
 from bert_jax.text import tokenization
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths

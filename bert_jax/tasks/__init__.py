@@ -9,14 +9,14 @@ from bert_jax.runtime import environment
 
 # config.task -> (module, function(config, workdir))
 RUNNERS = {
-    "pretraining": ("bert_jax.tasks.pretraining", "train_and_evaluate"),
-    "glue": ("bert_jax.tasks.glue", "run"),
-    "glue_all": ("bert_jax.tasks.glue", "run_all"),
-    "swag": ("bert_jax.tasks.swag", "run"),
-    "squad": ("bert_jax.tasks.squad", "run"),
-    "ner": ("bert_jax.tasks.ner", "run"),
-    "ner_feature_based": ("bert_jax.tasks.feature_based", "run"),
-    "ablations": ("bert_jax.tasks.ablations", "run"),
+    "pretraining": ("bert_jax.tasks.jobs.pretraining", "train_and_evaluate"),
+    "glue": ("bert_jax.tasks.datasets.glue", "run"),
+    "glue_all": ("bert_jax.tasks.datasets.glue", "run_all"),
+    "swag": ("bert_jax.tasks.datasets.swag", "run"),
+    "squad": ("bert_jax.tasks.datasets.squad", "run"),
+    "ner": ("bert_jax.tasks.datasets.ner", "run"),
+    "ner_feature_based": ("bert_jax.tasks.jobs.feature_based", "run"),
+    "ablations": ("bert_jax.tasks.jobs.ablations", "run"),
 }
 
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import glue, ner
+from bert_jax.tasks.datasets import glue, ner
 from tests import finetuning_fixtures as fx
 
 LATIN1 = "café au lait".encode("latin-1")   # b"caf\xe9 ...": not UTF-8

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.text import pairs
 from bert_jax.model import heads
 

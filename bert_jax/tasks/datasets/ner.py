@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.model import heads
 from bert_jax.model.heads import IGNORE_LABEL
 

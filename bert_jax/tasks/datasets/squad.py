@@ -29,9 +29,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.model import heads
-from bert_jax.tasks import squad_metrics
+from bert_jax.tasks.datasets import squad_metrics
 from bert_jax.text import tokenization
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.text import pairs
 from bert_jax.model import heads
 

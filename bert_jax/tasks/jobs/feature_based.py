@@ -1,6 +1,6 @@
 """The feature-based approach (paper section 5.3, Table 7): a frozen BERT feeds a BiLSTM tagger.
 
-1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.tasks.ner`,
+1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.tasks.datasets.ner`,
    optionally with document context) and the hidden states of every layer (embeddings + L
    layers) at each word's first WordPiece are cached on disk as float16
    (`CACHE_DIR/<split>.npz`, keyed by checkpoint, data and settings). The encoder gets no
@@ -30,10 +30,10 @@ import numpy as np
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.model import heads
 from bert_jax.model import modeling
-from bert_jax.tasks import ner
+from bert_jax.tasks.datasets import ner
 from bert_jax.model import ops
 from bert_jax.runtime import optim, outputs
 from bert_jax.runtime import job as jobs

@@ -53,7 +53,7 @@ from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
 from bert_jax.runtime import outputs
 from bert_jax.runtime.job import Job
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 
 REPORT_FILE = "compile_report.json"
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
@@ -128,8 +128,8 @@ class _Target:
 
 
 # config.task -> the module whose get_task(config) defines a fine-tuning task
-FINETUNING_TASKS = {"glue": "bert_jax.tasks.glue", "swag": "bert_jax.tasks.swag",
-                    "squad": "bert_jax.tasks.squad", "ner": "bert_jax.tasks.ner"}
+FINETUNING_TASKS = {"glue": "bert_jax.tasks.datasets.glue", "swag": "bert_jax.tasks.datasets.swag",
+                    "squad": "bert_jax.tasks.datasets.squad", "ner": "bert_jax.tasks.datasets.ner"}
 
 
 def build_job(config, layers: Optional[int] = None) -> Job:
@@ -142,7 +142,7 @@ def build_job(config, layers: Optional[int] = None) -> Job:
       config = config.copy_and_resolve_references()
       config.model.update(num_hidden_layers=layers, scan_layers=False)
     return pretraining.make_job(config)
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   finetuning.check_config(config)
   task = importlib.import_module(FINETUNING_TASKS[config.task]).get_task(config)
   inputs = finetuning.read_inputs(task, config, max_train_examples=4, evaluation=False)

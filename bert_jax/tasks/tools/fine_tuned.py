@@ -14,14 +14,14 @@ import ml_collections
 
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 
 # config.task of a fine-tuning run -> the module whose get_task(config) defines it.
 TASK_MODULES = {
-    "glue": "bert_jax.tasks.glue",
-    "swag": "bert_jax.tasks.swag",
-    "squad": "bert_jax.tasks.squad",
-    "ner": "bert_jax.tasks.ner",
+    "glue": "bert_jax.tasks.datasets.glue",
+    "swag": "bert_jax.tasks.datasets.swag",
+    "squad": "bert_jax.tasks.datasets.squad",
+    "ner": "bert_jax.tasks.datasets.ner",
 }
 
 

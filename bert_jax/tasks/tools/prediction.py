@@ -39,7 +39,8 @@ import numpy as np
 from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.parallel import sharding
-from bert_jax.tasks import fine_tuned, finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.tools import fine_tuned
 
 FORMATS = ("lines", "jsonl", "squad_json")
 MAX_REPORTED = 20   # bad lines printed one by one; beyond that only counted
@@ -99,7 +100,7 @@ def _columns(record: Dict, names: Sequence[str]) -> List[str]:
 
 
 def _glue_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   spec = glue.spec_for(config.data.glue_task)
   is_pair = spec.columns[1] is not None
 
@@ -115,7 +116,7 @@ def _glue_example(config) -> Callable[[Dict, str], Any]:
 
 
 def _ner_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import ner
+  from bert_jax.tasks.datasets import ner
   del config
 
   def make(record, guid):
@@ -135,7 +136,7 @@ def _ner_example(config) -> Callable[[Dict, str], Any]:
 
 
 def _squad_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import squad
+  from bert_jax.tasks.datasets import squad
   del config
 
   def make(record, guid):
@@ -148,7 +149,7 @@ def _squad_example(config) -> Callable[[Dict, str], Any]:
 
 
 def _swag_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import swag
+  from bert_jax.tasks.datasets import swag
   del config
 
   def make(record, guid):
@@ -184,7 +185,7 @@ def read_examples(path: str, fmt: str, make_example, counts: Counts,
   """(output fields, example) for every readable example of `path`, streamed; bad lines are
   reported as `path:line: why` and counted. Blank lines are not examples (not counted)."""
   if fmt == "squad_json":
-    from bert_jax.tasks import squad
+    from bert_jax.tasks.datasets import squad
     for index, example in enumerate(squad.read_squad_json(path, is_training=False)):
       counts.lines += 1
       yield {"line": index + 1, "id": example.qas_id}, example
@@ -235,7 +236,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _entities(words: Sequence[str], tags: Sequence[str]) -> List[Dict]:
-  from bert_jax.tasks import ner
+  from bert_jax.tasks.datasets import ner
   return [{"type": kind, "start": first, "end": last + 1, "text": " ".join(words[first:last + 1])}
           for kind, first, last in ner.get_entities(tags)]
 
@@ -278,7 +279,7 @@ def _null_threshold(model: fine_tuned.FineTuned) -> Optional[float]:
   """SQuAD v2.0: the threshold tuned on dev and stored in best/, else the config's."""
   if model.config.task != "squad" or model.config.get("version") != "2.0":
     return None
-  from bert_jax.tasks import squad
+  from bert_jax.tasks.datasets import squad
   return squad.load_null_threshold(model.directory,
                                    default=model.config.get("null_score_diff_threshold", 0.0))
 

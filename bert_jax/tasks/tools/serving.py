@@ -40,7 +40,8 @@ from absl import logging
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import modeling
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks import fine_tuned, finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.tools import fine_tuned
 from bert_jax.text import tokenization
 
 FORMATS = ("saved_model", "huggingface")
@@ -291,7 +292,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
   if servable.kind == "span" and config is not None:
     description["span"] = {k: config.get(k) for k in (
         "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
-    from bert_jax.tasks import squad
+    from bert_jax.tasks.datasets import squad
     threshold_file = filesystem.join(servable.source, squad.THRESHOLD_FILE)
     if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
       description["span"].update(json.loads(filesystem.read_text(threshold_file)))
