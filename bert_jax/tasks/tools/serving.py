@@ -46,6 +46,7 @@ from bert_jax.text import tokenization
 
 FORMATS = ("saved_model", "huggingface")
 ENCODER = "encoder"     # the kind of a pre-trained checkpoint exported without a head
+ENCODER_INPUT_FORMAT = "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]"
 SIGNATURE_FILE = "signature.json"
 SERVING_SIGNATURE = "serving_default"
 # Where the SavedModel may run: each gets its own lowering in the one XlaCallModule op, chosen at
@@ -100,6 +101,8 @@ class Servable:
   spm_model_file: Optional[str] = None   # SentencePiece model (None, None: none found)
   task_config: Optional[ml_collections.ConfigDict] = None
   num_choices: int = 0               # multiple choice: C in [B, C, S]
+  input_format: str = ENCODER_INPUT_FORMAT   # how text becomes the inputs (the task's)
+  notes: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's signature notes
 
   @property
   def outputs(self) -> Tuple[str, ...]:
@@ -135,7 +138,8 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
       max_seq_length=int(config.max_seq_length), do_lower_case=bool(config.do_lower_case),
       vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
       task_config=config,
-      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0)
+      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0,
+      input_format=model.task.input_format, notes=model.task.signature_notes(model.directory))
 
 
 def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Servable:
@@ -227,18 +231,6 @@ _OUTPUT_MEANINGS = {
     (ENCODER, "pooled_output"): "the pooler (dense + tanh) on the [CLS] hidden state",
 }
 
-_INPUT_FORMAT = {
-    "classification": "one sentence: [CLS] A [SEP]; a pair: [CLS] A [SEP] B [SEP]",
-    "regression": "[CLS] A [SEP] B [SEP]",
-    "multiple_choice": "each choice c: [CLS] context [SEP] ending_c [SEP]",
-    "tagging": "[CLS] words [SEP], each word tokenized on its own (its first piece carries its "
-               "label)",
-    "span": "[CLS] question [SEP] context window [SEP] (long contexts in windows of "
-            "max_seq_length, doc_stride apart)",
-    ENCODER: "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]",
-}
-
-
 def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str],
                           platforms: Sequence[str] = ()) -> Dict[str, Any]:
   """What a serving user needs: inputs, outputs, labels and how to tokenize (signature.json)."""
@@ -278,7 +270,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
           "max_input_chars_per_word": 200 if servable.vocab_file else None,
           "special_tokens": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
                              "mask": "[MASK]"},
-          "input_format": _INPUT_FORMAT[servable.kind],
+          "input_format": servable.input_format,
           "reference": "bert_jax.text.tokenization (FullTokenizer: the original BERT tokenizer "
                        "as Hugging Face's slow BertTokenizer) + bert_jax.text.pairs.encode_pairs",
       },
@@ -288,17 +280,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
     description["platforms"] = list(platforms)
     description["dynamic"] = ("batch and length are free; length <= max_position_embeddings; "
                               "the model was trained on lengths <= max_seq_length")
-  config = servable.task_config
-  if servable.kind == "span" and config is not None:
-    description["span"] = {k: config.get(k) for k in (
-        "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
-    from bert_jax.tasks.datasets import squad
-    threshold_file = filesystem.join(servable.source, squad.THRESHOLD_FILE)
-    if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
-      description["span"].update(json.loads(filesystem.read_text(threshold_file)))
-  if servable.kind == "tagging" and config is not None:
-    description["tagging"] = {"scheme": config.data.get("scheme"),
-                              "document_context": config.get("document_context")}
+  description.update(servable.notes)   # the task's own: SQuAD's windows, NER's scheme
   return description
 
 
