@@ -6,8 +6,8 @@ r"""Predictions of a fine-tuned model on raw text: `python -m bert_jax.predict`.
 vocabulary, casing and max_seq_length come from what `best/` recorded. Input: plain text or TSV
 (one example per line, pairs tab-separated), JSON lines, or a SQuAD JSON file; output: one JSON
 line per example (labels with probabilities, scores, entity tags, or answers with scores). The
-formats per task are in bert_jax/tasks/tools/prediction.py. Lines that cannot be read are reported with
-their line number and skipped; the summary at the end counts them.
+formats per task are in bert_jax/tasks/tools/prediction.py. Lines that cannot be read are reported
+with their line number and skipped; the summary at the end counts them.
 """
 import sys
 

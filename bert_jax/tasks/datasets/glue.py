@@ -1,4 +1,5 @@
-"""GLUE: the nine tasks as one `Task` class (`config.task=glue`), official metrics, and leaderboard submission files.
+"""GLUE: the nine tasks as one `Task` class (`config.task=glue`), official metrics, and
+leaderboard submission files.
 
 Data comes from the folder layout the official download script writes (`config.data.glue_dir`
 with `CoLA/`, `SST-2/`, `MRPC/`, `STS-B/`, `QQP/`, `MNLI/`, `QNLI/`, `RTE/`, `WNLI/`,

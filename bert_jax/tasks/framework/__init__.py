@@ -1,1 +1,2 @@
-"""The fine-tuning framework: the task protocol (`task`), the one fine-tuning loop (`finetuning`)."""
+"""The fine-tuning framework: the task protocol (`task`) and the one fine-tuning loop
+(`finetuning`)."""

@@ -1,7 +1,7 @@
 """The feature-based approach (paper section 5.3, Table 7): a frozen BERT feeds a BiLSTM tagger.
 
-1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.tasks.datasets.ner`,
-   optionally with document context) and the hidden states of every layer (embeddings + L
+1. `extract`: the encoder runs ONCE (`runtime.inference`) over every sentence of a split (NER rows
+   from `bert_jax.tasks.datasets.ner`, optionally with document context) and the hidden states of every layer (embeddings + L
    layers) at each word's first WordPiece are cached on disk as float16
    (`CACHE_DIR/<split>.npz`, keyed by checkpoint, data and settings). The encoder gets no
    gradient, so recomputing it every step (the loop's `freeze_encoder`) would only cost time.

@@ -2,7 +2,8 @@
 
 Input, one example per line (`lines`: plain text or TSV, the columns tab-separated) or one JSON
 object per line (`jsonl`); for SQuAD also the official JSON file (`squad_json`, read whole: JSON
-does not stream). What a line holds depends on the task the model was fine-tuned on (its `Task.parse_input`):
+does not stream). What a line holds depends on the task the model was fine-tuned on (its
+`Task.parse_input`):
 
 | task | `lines` | `jsonl` |
 |---|---|---|
