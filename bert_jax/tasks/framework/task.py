@@ -30,9 +30,9 @@ report know nothing else about it.
   see `bert_jax.model.heads`. Its parameters are `head/...`; they are the only ones not loaded from
   `config.init_checkpoint` (`new_params` regexes; everything else must match the checkpoint or the
   run stops with the names).
-* `loss(outputs, batch)` -> (row_loss [B], row_weight [B]); `row_weight`, if not None, is the
-  same weights from the batch alone (the step normalises by their global sum before any
-  micro-batch runs); None: one per row.
+* `loss(outputs, batch)` -> (row_loss [B], row_weight [B]). `row_weight`, if not None, is a
+  function giving the same weights from the batch alone (the step normalises by their global sum
+  before any micro-batch runs); None: one per row.
 * `predict(examples, features, outputs)` gets the head outputs of *every* row of the split, in
   row order (numpy, leading axis rows): SQuAD-style post-processing over all windows of an
   example lives there. `metrics(examples, predictions)` -> {name: float}.
@@ -41,11 +41,15 @@ report know nothing else about it.
 * `parse_input(record, guid)`: one line of raw input for `python -m bert_jax.predict`, as
   {"columns": [tab-separated texts]} or a JSON object, -> an example `make_features` takes;
   `BadInput` says what is wrong with the line (`text_field` and `columns` check the usual cases).
-* Length buckets (`config.length_bucket`): `token_features` are feature arrays besides the model
-  inputs whose last axis is the token axis (e.g. NER's `label_ids`); `token_outputs` are head
-  outputs [rows, S, ...] with the token axis second (e.g. span logits).
+* Length buckets (`config.length_bucket` = N > 0): each batch's token axis is cut to the
+  smallest multiple of N that holds its longest row, and evaluation runs rows shortest first.
+  The model inputs are cut; so are the feature arrays named in `token_features` (token axis last,
+  e.g. NER's `label_ids`). Head outputs named in `token_outputs` ([rows, S, ...], e.g. span
+  logits) come back padded to the features' length with `finetuning.CUT_TOKEN_OUTPUT` at the
+  positions that were cut (padding: no real token is ever there).
 * `output_hidden_states=True` passes all layers to the head (`hidden_states` [L+1, B, S, H]);
-  `freeze_encoder=True` trains the head only (the feature-based approach, spec section 5.3).
+  `freeze_encoder=True` trains the head only (the feature-based approach, spec section 5.3): the
+  encoder runs without dropout and gets no gradient or update.
 """
 import abc
 import dataclasses
