@@ -60,8 +60,8 @@ def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
 
 
 class FeatureExtractor:
-  """A jitted encoder: fixed shapes (one compilation for the whole file), or with
-  `length_bucket` N > 0 each batch cut to a multiple of N (`length_buckets.bucket_length`)."""
+  """The encoder on `runtime.inference`: fixed shapes (one compilation for the whole file), or
+  with `length_bucket` N > 0 each batch cut to a multiple of N (`length_buckets.bucket_length`)."""
 
   def __init__(self, init_checkpoint: str, max_seq_length: int = 128, batch_size: int = 32,
                dtype: str = "float32", length_bucket: int = 0):
