@@ -61,9 +61,9 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
 
 
 def seed_spread(values: Sequence[float]) -> dict:
-  """`bert_jax.tasks.finetuning.seed_spread` (mean, sample std, min, max, n), the one every seed
+  """`bert_jax.tasks.framework.finetuning.seed_spread` (mean, sample std, min, max, n), the one every seed
   summary uses; imported when called so that a peer's process does not load JAX for it."""
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   return finetuning.seed_spread(values)
 
 

@@ -54,8 +54,8 @@ def initial_head(config, task):
   """The classifier bert_jax's loop initialises for this config (same rng path)."""
   import jax
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import finetuning
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.framework import finetuning
+  from bert_jax.tasks.datasets import glue
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, glue.get_task(config).make_head())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -70,8 +70,8 @@ def run_torch(args, task: str, seed: int):
   import torch
   import transformers
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import finetuning
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.framework import finetuning
+  from bert_jax.tasks.datasets import glue
   from bert_jax.runtime import optim
   torch.manual_seed(seed)
   torch.set_num_threads(args.threads)
@@ -158,7 +158,7 @@ def main():
   if not os.path.isdir(args.glue_dir):
     sys.exit(f"{args.glue_dir} not found: this benchmark needs the GLUE folder (../shared/data)")
   os.makedirs(args.out, exist_ok=True)
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   rows, records = [], []
   for task in args.tasks.split(","):
     spec = glue.spec_for(task)

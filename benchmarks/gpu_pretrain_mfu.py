@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
 from bert_jax.model import flops, modeling  # noqa: E402
-from bert_jax.tasks import pretraining  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402

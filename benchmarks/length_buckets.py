@@ -26,8 +26,8 @@ host_memory.keep_freed_memory()
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax.io import checkpoints
-from bert_jax.tasks import finetuning
-from bert_jax.tasks import glue
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.datasets import glue
 from bert_jax.runtime import length_buckets
 from bert_jax import parallel
 from bert_jax import tasks  # noqa: E402

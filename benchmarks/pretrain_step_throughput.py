@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.tasks import pretraining  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
 from bert_jax.model.config import NAMED_SIZES  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 

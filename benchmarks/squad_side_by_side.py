@@ -73,7 +73,7 @@ def initial_head(config):
   """The span layer bert_jax's loop initialises for this config (same rng path)."""
   import jax
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   from bert_jax.model import heads
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, heads.SpanHead())
@@ -87,10 +87,10 @@ def run_torch(args, files):
   import torch
   import transformers
   from bert_jax.io import checkpoints
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   from bert_jax.runtime import optim
-  from bert_jax.tasks import squad
-  from bert_jax.tasks import squad_metrics
+  from bert_jax.tasks.datasets import squad
+  from bert_jax.tasks.datasets import squad_metrics
   torch.manual_seed(args.seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, files)
@@ -158,8 +158,8 @@ def run_torch(args, files):
 def round_trip(args):
   """Gold answers through features -> label positions -> post-processing -> text, on every
   question of the file (no model): how often the text comes back exactly, and oracle EM/F1."""
-  from bert_jax.tasks import squad
-  from bert_jax.tasks import squad_metrics
+  from bert_jax.tasks.datasets import squad
+  from bert_jax.tasks.datasets import squad_metrics
   from bert_jax.text import tokenization
   tokenizer = tokenization.FullTokenizer(os.path.join(checkpoint_dir(), "vocab.txt"))
   stats = squad.ReadStats()

@@ -27,7 +27,7 @@ from contextlib import redirect_stdout
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bert_jax.tasks import compile_report  # noqa: E402
+from bert_jax.tasks.tools import compile_report  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
 PAPER_STEPS = 1_000_000

@@ -10,7 +10,7 @@ workdir): then the encoder alone is exported (outputs `sequence_output`, `pooled
 `input_ids`, `input_mask`, `segment_ids` of any batch size and length; `huggingface`: the
 transformers class of the task (BertForSequenceClassification, ...) with its tokenizer files.
 Both write `DIR/signature.json`: inputs, outputs, labels and how to tokenize. Details:
-bert_jax/tasks/serving.py.
+bert_jax/tasks/tools/serving.py.
 """
 import json
 import sys
@@ -43,7 +43,7 @@ flags.mark_flags_as_required(["model", "output"])
 
 def main(argv):
   del argv
-  from bert_jax.tasks import serving
+  from bert_jax.tasks.tools import serving
   description = serving.export(_MODEL.value, _FORMAT.value, _OUTPUT.value, dtype=_DTYPE.value,
                                do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value)
   what = description["task"] or "encoder"

@@ -26,7 +26,7 @@ from absl import app, flags
 
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import modeling
-from bert_jax.runtime.length_buckets import bucket_length
+from bert_jax.runtime import inference
 from bert_jax.text.pairs import join_pair, truncate_seq_pair
 
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -60,8 +60,8 @@ def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
 
 
 class FeatureExtractor:
-  """A jitted encoder: fixed shapes (one compilation for the whole file), or with
-  `length_bucket` N > 0 each batch cut to a multiple of N (`length_buckets.bucket_length`)."""
+  """The encoder on `runtime.inference`: fixed shapes (one compilation for the whole file), or
+  with `length_bucket` N > 0 each batch cut to a multiple of N (`length_buckets.bucket_length`)."""
 
   def __init__(self, init_checkpoint: str, max_seq_length: int = 128, batch_size: int = 32,
                dtype: str = "float32", length_bucket: int = 0):
@@ -73,28 +73,16 @@ class FeatureExtractor:
     self.params = jax.device_put(params["bert"])
     self.max_seq_length, self.batch_size = max_seq_length, batch_size
     self.length_bucket = length_bucket
-    model = modeling.BertModel(self.config)
-
-    @jax.jit
-    def run(params, ids, mask, segments):
-      out = model.apply({"params": params}, ids, mask, segments, output_hidden_states=True)
-      return out["hidden_states"]                             # [L+1, B, S, H]
-
-    self._run = run
+    self._encoder = inference.BatchedInference(inference.encoder_hidden_states(self.config),
+                                               batch_size, length_bucket=length_bucket)
 
   def hidden_states(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
     """[B, S] numpy inputs (B <= batch_size, S <= max_seq_length) -> [L+1, B, S', H] float32
     numpy: S' is max_seq_length, or the bucket holding the longest row."""
     modeling.check_inputs(self.config, ids, segments)  # clear errors before any compilation
-    rows = ids.shape[0]
-    length = bucket_length(mask.sum(-1), self.length_bucket, self.max_seq_length)
-
-    def fit(x):  # [rows, S] -> [batch_size, length]: padding columns cut off or zeros added
-      x = x[:, :length]
-      return np.pad(x, ((0, self.batch_size - rows), (0, length - x.shape[1])))
-
-    out = self._run(self.params, fit(ids), fit(mask), fit(segments))
-    return np.asarray(out[:, :rows], np.float32)
+    arrays = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+    out = self._encoder.batch(self.params, arrays, np.arange(ids.shape[0]), self.max_seq_length)
+    return np.asarray(out["hidden_states"], np.float32).swapaxes(0, 1)     # [L+1, B, S', H]
 
 
 def _batches(examples, tokenizer, max_seq_length: int, batch_size: int):

@@ -38,7 +38,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (mu
 _COMPILE_FOR = flags.DEFINE_string(
     "compile_for", None, "Compile the experiment's steps for this TPU slice (v4-8, v5litepod-16, "
     "v5p-8, v6e-8, ...) with the real TPU compiler, without running; writes "
-    "WORKDIR/compile_report.json (bert_jax/tasks/compile_report.py).")
+    "WORKDIR/compile_report.json (bert_jax/tasks/tools/compile_report.py).")
 _FIND_MAX_BATCH = flags.DEFINE_bool(
     "find_max_batch", False, "With --compile_for: search the largest global batch that fits.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -63,7 +63,7 @@ def main(argv):
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams
     jax.config.update("jax_default_prng_impl", prng_impl)
   if _COMPILE_FOR.value:
-    from bert_jax.tasks import compile_report
+    from bert_jax.tasks.tools import compile_report
     compile_report.run(_CONFIG.value, _WORKDIR.value, _COMPILE_FOR.value, _FIND_MAX_BATCH.value)
     return
   from bert_jax import tasks

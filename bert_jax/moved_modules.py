@@ -1,5 +1,6 @@
-"""Old module paths of the flat layout (`bert_jax.checkpoints`, ...) keep importing, with a
-warning that names the new one: notebooks and scripts written against them keep working.
+"""Old module paths keep importing, with a warning that names the new one: notebooks and scripts
+written against them keep working. Two layouts moved: the flat one (`bert_jax.checkpoints`, ...)
+and the single `bert_jax/tasks/` folder (`bert_jax.tasks.glue`, ...), now split by what is inside.
 
 `import bert_jax.checkpoints` returns the module `bert_jax.io.checkpoints` itself (one module
 object under two names, so patching either patches both).
@@ -10,8 +11,8 @@ import importlib.util
 import sys
 import warnings
 
-# old name (under bert_jax.) -> new module
-MOVED = {
+# old name -> new module
+MOVED = {f"bert_jax.{old}": new for old, new in {
     "config": "bert_jax.model.config",
     "modeling": "bert_jax.model.modeling",
     "heads": "bert_jax.model.heads",
@@ -24,15 +25,21 @@ MOVED = {
     "host_memory": "bert_jax.runtime.host_memory",
     "length_buckets": "bert_jax.runtime.length_buckets",
     "sharding": "bert_jax.parallel.sharding",
-    "pretraining": "bert_jax.tasks.pretraining",
-    "finetuning": "bert_jax.tasks.finetuning",
-    "glue": "bert_jax.tasks.glue",
-    "swag": "bert_jax.tasks.swag",
-    "squad": "bert_jax.tasks.squad",
-    "squad_metrics": "bert_jax.tasks.squad_metrics",
-    "ner": "bert_jax.tasks.ner",
-    "feature_based": "bert_jax.tasks.feature_based",
-}
+    "pretraining": "bert_jax.tasks.jobs.pretraining",
+    "finetuning": "bert_jax.tasks.framework.finetuning",
+    "glue": "bert_jax.tasks.datasets.glue",
+    "swag": "bert_jax.tasks.datasets.swag",
+    "squad": "bert_jax.tasks.datasets.squad",
+    "squad_metrics": "bert_jax.tasks.datasets.squad_metrics",
+    "ner": "bert_jax.tasks.datasets.ner",
+    "feature_based": "bert_jax.tasks.jobs.feature_based",
+}.items()}
+MOVED.update({f"bert_jax.tasks.{leaf}": f"bert_jax.tasks.{folder}.{leaf}" for folder, leaves in {
+    "framework": ("finetuning",),
+    "datasets": ("glue", "swag", "squad", "squad_metrics", "ner"),
+    "jobs": ("pretraining", "feature_based", "ablations"),
+    "tools": ("prediction", "serving", "compile_report", "fine_tuned"),
+}.items() for leaf in leaves})
 
 
 class _Alias(importlib.abc.Loader):
@@ -51,13 +58,12 @@ class _Alias(importlib.abc.Loader):
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):
-  """Finds `bert_jax.<old>` as the module it moved to."""
+  """Finds an old module path as the module it moved to."""
 
   def find_spec(self, fullname, path=None, target=None):
-    package, _, leaf = fullname.rpartition(".")
-    if package != "bert_jax" or leaf not in MOVED:
+    if fullname not in MOVED:
       return None
-    new_name = MOVED[leaf]
+    new_name = MOVED[fullname]
     warnings.warn(f"{fullname} moved to {new_name}; import that instead.", DeprecationWarning,
                   stacklevel=3)
     return importlib.util.spec_from_loader(fullname, _Alias(new_name))

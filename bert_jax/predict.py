@@ -6,8 +6,8 @@ r"""Predictions of a fine-tuned model on raw text: `python -m bert_jax.predict`.
 vocabulary, casing and max_seq_length come from what `best/` recorded. Input: plain text or TSV
 (one example per line, pairs tab-separated), JSON lines, or a SQuAD JSON file; output: one JSON
 line per example (labels with probabilities, scores, entity tags, or answers with scores). The
-formats per task are in bert_jax/tasks/prediction.py. Lines that cannot be read are reported with
-their line number and skipped; the summary at the end counts them.
+formats per task are in bert_jax/tasks/tools/prediction.py. Lines that cannot be read are reported
+with their line number and skipped; the summary at the end counts them.
 """
 import sys
 
@@ -42,7 +42,7 @@ flags.mark_flags_as_required(["model", "input", "output"])
 
 def main(argv):
   del argv
-  from bert_jax.tasks import fine_tuned, prediction
+  from bert_jax.tasks.tools import fine_tuned, prediction
   overrides = {"dtype": _DTYPE.value} if _DTYPE.value else {}
   model = fine_tuned.load(_MODEL.value, **overrides)
   print(f"{model.task.name} ({model.kind}) from {model.directory}", file=sys.stderr, flush=True)

@@ -9,7 +9,7 @@ Every variant pre-trains the demo's model on the demo corpus (experiments/pretra
 Python's own documentation, no download) with the same steps, batch and seed, then fine-tunes on
 MRPC, RTE, STS-B (pair tasks, where NSP should matter) and SST-2 with one recipe and 3 seeds; the
 C.2 variants are also probed feature-based on CoNLL-2003 NER (a BiLSTM on frozen features, the
-paper's last C.2 column). `bert_jax/tasks/ablations.py` runs it; WORKDIR/ablations.md gets the
+paper's last C.2 column). `bert_jax/tasks/jobs/ablations.py` runs it; WORKDIR/ablations.md gets the
 table beside the paper's numbers after every variant, and the same command resumes an
 interrupted study. Choose variants with `--config.variants=mlm_nsp,no_nsp`; skip the NER probe
 with `--config.ner_probe.enabled=False`.
@@ -35,7 +35,7 @@ def get_config(arg=None):
   args = finetuning_defaults.parse_arg(arg, quick=False)
   c = ml_collections.ConfigDict()
   c.task = "ablations"
-  c.variants = f"{TABLE5},{C2}"        # names of bert_jax/tasks/ablations.py VARIANTS
+  c.variants = f"{TABLE5},{C2}"        # names of bert_jax/tasks/jobs/ablations.py VARIANTS
   c.pretraining = pretrain_demo.get_config("quick" if args["quick"] else None)
   c.pretraining.eval_steps = 0         # the whole held-out set at the end
 

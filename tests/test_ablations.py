@@ -6,7 +6,7 @@ import os
 import pytest
 
 from bert_jax import tasks
-from bert_jax.tasks import ablations
+from bert_jax.tasks.jobs import ablations
 from experiments import ablations as experiment
 from tests import finetuning_fixtures as ftx
 

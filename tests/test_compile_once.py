@@ -6,7 +6,7 @@ import pytest
 
 from bert_jax.runtime import optim
 from bert_jax import parallel
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from tests.test_train_step import synthetic_batch, tiny_config
 
 

@@ -46,7 +46,7 @@ def _tiny(**overrides):
 @pytest.fixture(scope="module")
 def compile_report():
   pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install 'jax[tpu]'")
-  from bert_jax.tasks import compile_report as module
+  from bert_jax.tasks.tools import compile_report as module
   return module
 
 

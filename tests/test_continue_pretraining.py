@@ -11,7 +11,7 @@ import pytest
 from bert_jax.io import checkpoints
 from bert_jax.model import modeling
 from bert_jax.runtime.metric_writers import read_metrics
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from experiments import continue_pretraining
 from tests import finetuning_fixtures as fx
 

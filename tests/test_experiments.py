@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from bert_jax.runtime.metric_writers import read_metrics
 
 

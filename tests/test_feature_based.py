@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from bert_jax.io import checkpoints
-from bert_jax.tasks import feature_based
+from bert_jax.tasks.jobs import feature_based
 from bert_jax.model import modeling
-from bert_jax.tasks import ner
+from bert_jax.tasks.datasets import ner
 from bert_jax import tasks
 from bert_jax.text import tokenization
 from experiments import ner_feature_based as experiment

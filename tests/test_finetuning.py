@@ -1,5 +1,4 @@
 """The fine-tuning loop end to end on generated GLUE data from a tiny random checkpoint."""
-import dataclasses
 import json
 import os
 
@@ -9,8 +8,8 @@ import pytest
 from sklearn import metrics as skm
 
 from bert_jax.io import checkpoints
-from bert_jax.tasks import finetuning
-from bert_jax.tasks import glue
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.datasets import glue
 from bert_jax.model import heads
 from bert_jax import tasks
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
@@ -92,7 +91,8 @@ def test_predictor_pads_the_last_batch_and_masks_it():
             "label_ids": rng.integers(0, 3, 10).astype(np.int32)}
   features = finetuning.Features(arrays, np.arange(10))
   params = model.init(jax.random.PRNGKey(0), dict(arrays, example_mask=np.ones(10)))["params"]
-  task = finetuning.Task("t", None, None, None, heads.classification_loss, None, None, None, "a")
+  task = finetuning.FunctionTask("t", None, None, None, heads.classification_loss, None, None, None,
+                                 "a")
   predictor = finetuning.Predictor(model, task, 4, jax.sharding.Mesh(jax.devices(), ("data",)))
   outputs, loss = predictor(params, features, with_loss=True)
   reference = model.apply({"params": params}, arrays)["logits"]
@@ -108,7 +108,11 @@ def test_best_checkpoint_is_selected_by_the_task_metric_and_a_rerun_resumes(data
   config = _config(data, "stsb")   # regression: the other head and loss
   config.eval_every_steps = 2
   base = glue.get_task(config)
-  task = dataclasses.replace(base, metrics=lambda ex, preds: {"pearson": next(scripted)})
+
+  class ScriptedMetric(glue.GlueTask):
+    def metrics(self, examples, predictions):
+      return {"pearson": next(scripted)}
+  task = ScriptedMetric(config)
   workdir = str(data["root"] / "best")
   results = finetuning.train_and_evaluate(task, config, workdir)
   assert [r["pearson"] for r in read_metrics(workdir, "eval")] == [0.2, 0.7, 0.4]
@@ -201,7 +205,7 @@ def test_real_checkpoint_end_to_end(data, tmp_path):
 
 
 def test_left_to_right_ablation_fine_tunes_with_causal_attention():
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   from bert_jax.model.config import BertConfig
   from experiments import glue as glue_experiment
   config = glue_experiment.get_config("task=mrpc,quick")

@@ -70,7 +70,7 @@ def test_a_checkpoint_resumes_with_the_other_setting(report):
 def _run(out_dir, name, **overrides):
   """The pre-training loop on the fixture data; (workdir, losses)."""
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   from tests import pretraining_fixtures as fx
   config = fx.tiny_config(os.path.join(out_dir, "data"), num_train_steps=STEPS,
                           eval_every_steps=0, checkpoint_every_steps=10, keep_checkpoints=5,
@@ -86,7 +86,7 @@ def _resume(out_dir, source, name, **overrides):
   shutil.copytree(source, target)
   shutil.rmtree(os.path.join(target, "checkpoints", str(STEPS)))
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   from tests import pretraining_fixtures as fx
   config = fx.tiny_config(os.path.join(out_dir, "data"), num_train_steps=STEPS,
                           eval_every_steps=0, checkpoint_every_steps=10, keep_checkpoints=5,

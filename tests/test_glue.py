@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax.tasks import glue
+from bert_jax.tasks.datasets import glue
 from tests import finetuning_fixtures as fx
 
 ALL = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
-from bert_jax.tasks import compile_report, pretraining
+from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks.tools import compile_report
 from tests.test_train_step import tiny_config
 
 

@@ -77,6 +77,20 @@ def test_old_module_paths_still_import_with_a_warning_naming_the_new_one():
   assert any("bert_jax.io.checkpoints" in str(w.message) for w in caught)
 
 
+def test_the_old_tasks_paths_import_the_split_folders_modules():
+  import importlib
+  import warnings
+  from bert_jax.tasks.datasets import glue
+  from bert_jax.tasks.tools import serving
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert importlib.import_module("bert_jax.tasks.glue") is glue
+    assert importlib.import_module("bert_jax.glue") is glue
+    from bert_jax.tasks import serving as old_serving
+  assert old_serving is serving
+  assert any("bert_jax.tasks.tools.serving" in str(w.message) for w in caught)
+
+
 def test_a_renamed_config_field_is_an_error_naming_its_replacement(tmp_path):
   from bert_jax import tasks
   from experiments import glue as glue_experiment, pretrain_demo

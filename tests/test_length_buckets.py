@@ -6,13 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.tasks import finetuning
-from bert_jax.tasks import glue
-from bert_jax.tasks import ner
-from bert_jax.tasks import squad
-from bert_jax.tasks import swag
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.datasets import glue
+from bert_jax.tasks.datasets import ner
+from bert_jax.tasks.datasets import squad
+from bert_jax.tasks.datasets import swag
 from bert_jax import tasks
 from bert_jax.text import tokenization
+from bert_jax.runtime import inference
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 from bert_jax.runtime.metric_writers import read_metrics
 from experiments import glue as glue_experiment
@@ -85,12 +86,14 @@ TASKS = {"mrpc": _glue, "swag": _swag, "ner": _ner,
 
 
 def _record_lengths(monkeypatch):
-  """The token-axis length of every batch the loop hands on (spied at `host_slice`)."""
+  """The token-axis length of every batch the loop hands on (spied at `host_slice`: training
+  batches in the loop, evaluation batches in `runtime.inference`)."""
   lengths, host_slice = [], finetuning.host_slice
   def spy(batch, global_batch):
     lengths.append(batch["input_ids"].shape[-1])
     return host_slice(batch, global_batch)
   monkeypatch.setattr(finetuning, "host_slice", spy)
+  monkeypatch.setattr(inference, "host_slice", spy)
   return lengths
 
 

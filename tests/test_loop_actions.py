@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax.runtime import loop
 from bert_jax.runtime.metric_writers import read_metrics
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from tests import pretraining_fixtures as fx
 
 

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.io import checkpoints
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 

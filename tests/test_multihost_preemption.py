@@ -1,7 +1,7 @@
 """SIGTERM to one of 2 processes (a TPU maintenance event hits one host).
 
 jax's preemption service (started by `jax.distributed.initialize`) catches the signal on that
-host and all hosts agree on one step to save at (`bert_jax.tasks.pretraining._Preemption`). Both
+host and all hosts agree on one step to save at (`bert_jax.tasks.jobs.pretraining._Preemption`). Both
 processes must save the same complete checkpoint and exit with 0, and 2 new processes must
 resume from it and finish exactly as an uninterrupted 2-process run.
 """

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.tasks import ner
+from bert_jax.tasks.datasets import ner
 from bert_jax import tasks
 from bert_jax.text import tokenization
 from bert_jax.model.heads import IGNORE_LABEL

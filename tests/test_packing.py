@@ -2,7 +2,7 @@
 import jax
 import numpy as np
 
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from data_pipelines import packing
 from tests.test_train_step import synthetic_batch, tiny_config
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from bert_jax.text import tokenization
 from bert_jax.runtime.metric_writers import read_metrics
 from data_pipelines import create_pretraining_data as cpd

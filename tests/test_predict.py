@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
-from bert_jax.tasks import fine_tuned, finetuning, glue, ner, prediction
+from bert_jax.tasks.datasets import glue, ner
+
+from bert_jax.tasks.framework import finetuning
+
+from bert_jax.tasks.tools import fine_tuned, prediction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "experiments", "fixtures")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax.io import checkpoints
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from tests import pretraining_fixtures as fx
 

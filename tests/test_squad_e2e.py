@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from bert_jax.tasks import squad
-from bert_jax.tasks import squad_metrics
+from bert_jax.tasks.datasets import squad
+from bert_jax.tasks.datasets import squad_metrics
 from bert_jax import tasks
 from bert_jax.text import tokenization
 from experiments import squad as squad_experiment

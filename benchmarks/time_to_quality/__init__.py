@@ -45,8 +45,8 @@ initialisation, MLM + NSP, batch 64 x 128, peak lr 5e-4 (post-LN small models st
 experiments/pretrain_demo.py), linear warm-up over the first 5% of the side's steps then linear
 decay to 0 at its last step, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 except biases
 and LayerNorm), gradient clipping at global norm 1.0.
-  bert_jax: `bert_jax.tasks.pretraining.train_and_evaluate` as a user runs it (tf.data pipeline
-    with dynamic masking, 15%, 80/10/10, at most 20 predictions per sequence; AdamW as the
+  bert_jax: `bert_jax.tasks.jobs.pretraining.train_and_evaluate` as a user runs it (tf.data
+    pipeline with dynamic masking, 15%, 80/10/10, at most 20 predictions per sequence; AdamW as the
     original, without bias correction; the original schedule, whose decay runs over all steps).
   transformers: `BertForPreTraining` with `transformers.Trainer` and
     `DataCollatorForLanguageModeling` (15%, 80/10/10, a Bernoulli draw per token, so no cap
@@ -72,10 +72,10 @@ and LayerNorm), gradient clipping at global norm 1.0.
   The transformers side ends with `save_pretrained` + vocab.txt in OUT/transformers/final.
 
 `--finetune` (OUT/finetune/<side>/<task>): both checkpoints with one recipe, bert_jax's GLUE
-fine-tuning (`bert_jax.tasks.glue.run`, what `glue.run_all` runs for each task; called per task
-because a training subset applies to one task only): SST-2, MRPC, STS-B, RTE, CoLA, whole dev
-sets, `--seeds` restarts, batch 32, lr 1e-4 (small models want a higher rate than BERT-base's
-2e-5..5e-5), 3 epochs, warm-up 10%, max length 128, batches cut to their longest row
+fine-tuning (`bert_jax.tasks.datasets.glue.run`, what `glue.run_all` runs for each task; called
+per task because a training subset applies to one task only): SST-2, MRPC, STS-B, RTE, CoLA,
+whole dev sets, `--seeds` restarts, batch 32, lr 1e-4 (small models want a higher rate than
+BERT-base's 2e-5..5e-5), 3 epochs, warm-up 10%, max length 128, batches cut to their longest row
 (`length_bucket=16`: same outputs, less padding computed). SST-2's training set is cut to the
 first `--ft_train_examples` (default sst2=20000, 30%, the same label balance, 55% positive,
 and sentence length as the whole set; the other training sets are whole): about 2 h for the

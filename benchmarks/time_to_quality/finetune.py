@@ -49,7 +49,7 @@ def seed_devs(result: dict) -> List[Dict[str, float]]:
 
 def finetune(args) -> dict:
   """Every task for both checkpoints; a finished task (its ttq.json) is not run again."""
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   subsets = parse_subsets(args.ft_train_examples)
   results = {}
   for side in common.SIDES:

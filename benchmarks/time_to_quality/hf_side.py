@@ -54,7 +54,7 @@ def score_torch(model, batches: Sequence[common.Batch]) -> Dict[str, float]:
   """bert_jax's evaluation metrics for a `BertForPreTraining` on the fixed eval batches.
 
   MLM: sum(w * nll) / sum(w) over masked_lm_positions, accuracy = argmax hits; NSP: mean over
-  real rows (example_weight), as `bert_jax.tasks.pretraining.loss_from_terms`.
+  real rows (example_weight), as `bert_jax.tasks.jobs.pretraining.loss_from_terms`.
   """
   import torch
   import torch.nn.functional as F

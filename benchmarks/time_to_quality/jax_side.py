@@ -12,7 +12,7 @@ from benchmarks.time_to_quality import clocks, common, prepared, schedule
 
 def calibrate_jax(args, info: dict) -> schedule.Calibration:
   """bert_jax's speed: `train_and_evaluate` for 3 logging windows of `calibration_steps`."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   k = args.calibration_steps
   config = prepared.jax_config(args, info)
   config.num_train_steps, config.warmup_steps, config.log_every_steps = 3 * k, k, k
@@ -29,7 +29,7 @@ def calibrate_jax(args, info: dict) -> schedule.Calibration:
 def score_jax(config, params, batches: Sequence[common.Batch]) -> Dict[str, float]:
   """bert_jax's evaluation step summed over `batches` (the cross-check of the curve's data)."""
   import jax
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   model = pretraining.build_model(config)
   step = jax.jit(functools.partial(pretraining.eval_step, model=model,
                                    objective=config.objective))
@@ -50,7 +50,7 @@ def jax_params_from_workdir(workdir: str):
 
 def run_jax(args) -> dict:
   """Pre-trains with bert_jax's `train_and_evaluate` (resuming from OUT/bert_jax/workdir)."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   info = prepared.read_data_info(args.out)
   side_dir = os.path.join(args.out, "bert_jax")
   if os.path.exists(os.path.join(side_dir, "summary.json")):

@@ -51,7 +51,7 @@ def jax_config(args, info: dict):
 
 def eval_batches_from_pipeline(config, max_sequences: int) -> List[common.Batch]:
   """The first batches of bert_jax's evaluation pipeline (fixed masks), as numpy."""
-  from bert_jax.tasks import pretraining
+  from bert_jax.tasks.jobs import pretraining
   dataset = pretraining.input_pipeline_for(config, training=False, process_index=0,
                                            process_count=1)
   count = max(1, math.ceil(max_sequences / config.eval_batch_size))

@@ -81,7 +81,7 @@ def describe_documents(documents: Dict[str, Dict[str, int]]) -> str:
 
 def report(args) -> dict:
   """OUT/time_to_quality.md and .json, and the plot, from whatever stages have finished."""
-  from bert_jax.tasks import glue
+  from bert_jax.tasks.datasets import glue
   info = prepared.read_data_info(args.out)
   sides = {side: read_side(args, side) for side in common.SIDES}
   finetuned = finetune.collect_finetune(args)

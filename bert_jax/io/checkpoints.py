@@ -237,7 +237,7 @@ def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]
 
   With the pre-training heads the key layout is BertForPreTraining's (`bert.`, `cls.`); without
   them, BertModel's (no prefix: a task model such as BertForSequenceClassification takes these
-  under `bert.`, see `bert_jax.tasks.serving`)."""
+  under `bert.`, see `bert_jax.tasks.tools.serving`)."""
   flat = flatten(_per_layer(params, config))
   has_heads = any(k.startswith("cls/") for k in flat)
   state = {}

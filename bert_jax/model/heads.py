@@ -1,7 +1,7 @@
 """Fine-tuning heads and their losses (spec section 5): the only new parameters of a task.
 
 A head is a Flax module called as `head(encoder_outputs, batch, deterministic)` and returning a
-dict of float32 arrays (`bert_jax.tasks.finetuning.FineTuningModel` builds the encoder around it; its
+dict of float32 arrays (`bert_jax.tasks.framework.finetuning.FineTuningModel` builds the encoder around it; its
 parameters live under `head/...`, which is what "not loaded from the checkpoint" means).
 `encoder_outputs` is `BertModel`'s dict with any leading example axes kept, e.g. for multiple
 choice pooled_output is [B, C, H]. A head's `kernels` field takes the encoder's

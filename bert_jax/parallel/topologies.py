@@ -4,7 +4,7 @@ as devices the real TPU compiler (`libtpu`) can compile for, and the chips' publ
 `slice_devices("v4-32")` returns compile-only devices of that slice (16 chips on 4 hosts, each
 with its coordinates and host index) from `jax.experimental.topologies`; a mesh over them gives a
 program its real shardings, and `jax.jit(...).lower(...).compile()` runs the real TPU compiler
-on this machine (`bert_jax.tasks.compile_report`). Needs `libtpu` (`pip install "jax[tpu]"`).
+on this machine (`bert_jax.tasks.tools.compile_report`). Needs `libtpu` (`pip install "jax[tpu]"`).
 
 The accelerator types are the ones Cloud TPU's `--accelerator-type` takes: v4 and v5p count
 TensorCores (two per chip: `v4-8` is 4 chips), v5e (`v5litepod-N`, also written `v5e-N`) and

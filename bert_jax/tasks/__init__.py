@@ -1,29 +1,16 @@
-"""What `python -m bert_jax.main` runs, chosen by `config.task` from this readable table.
+"""What `python -m bert_jax.main` runs, chosen by `config.task` from the one table of tasks and
+jobs (`tasks.registry`).
 
-Each runner is imported only when chosen, so a pre-training run never imports the fine-tuning
-tasks (and the other way round).
+The folders say what is inside: `framework/` (the task protocol and the one fine-tuning loop),
+`datasets/` (the fine-tuning tasks, one file each), `jobs/` (pre-training, the feature-based
+tagger, the ablations), `tools/` (prediction, serving exports, `best/` loaded back, the TPU
+compile report).
 """
-import importlib
-
 from bert_jax.runtime import environment
-
-# config.task -> (module, function(config, workdir))
-RUNNERS = {
-    "pretraining": ("bert_jax.tasks.pretraining", "train_and_evaluate"),
-    "glue": ("bert_jax.tasks.glue", "run"),
-    "glue_all": ("bert_jax.tasks.glue", "run_all"),
-    "swag": ("bert_jax.tasks.swag", "run"),
-    "squad": ("bert_jax.tasks.squad", "run"),
-    "ner": ("bert_jax.tasks.ner", "run"),
-    "ner_feature_based": ("bert_jax.tasks.feature_based", "run"),
-    "ablations": ("bert_jax.tasks.ablations", "run"),
-}
+from bert_jax.tasks import registry
 
 
 def run(config, workdir):
-  task = config.get("task", "pretraining")
-  if task not in RUNNERS:
-    raise ValueError(f"config.task={task!r}: expected one of {sorted(RUNNERS)}")
-  module, function = RUNNERS[task]
+  run_task = registry.runner(config.get("task", "pretraining"))
   environment.record(workdir)  # what the numbers depend on beyond the config
-  return getattr(importlib.import_module(module), function)(config, workdir)
+  return run_task(config, workdir)

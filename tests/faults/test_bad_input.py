@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax import tasks
 from bert_jax.io import filesystem
-from bert_jax.tasks import glue, ner, squad, swag
+from bert_jax.tasks.datasets import glue, ner, squad, swag
 from experiments import ner as ner_experiment
 from experiments import squad as squad_experiment
 from tests import finetuning_fixtures as fx

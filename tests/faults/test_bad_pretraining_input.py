@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import tensorflow as tf
 
-from bert_jax.tasks import pretraining
+from bert_jax.tasks.jobs import pretraining
 from data_pipelines import features as F
 from data_pipelines import input_pipeline
 from tests import demo_runs

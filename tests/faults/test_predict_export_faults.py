@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.tasks import fine_tuned, prediction, serving
+from bert_jax.tasks.tools import fine_tuned, prediction, serving
 from tests import demo_runs
 
 

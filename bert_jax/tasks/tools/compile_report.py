@@ -38,7 +38,6 @@ With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the
 L (`cost_analysis` in the report says so); memory is always the real scanned step's.
 """
 import dataclasses
-import importlib
 import json
 import re
 import time
@@ -53,7 +52,8 @@ from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
 from bert_jax.runtime import outputs
 from bert_jax.runtime.job import Job
-from bert_jax.tasks import pretraining
+from bert_jax.tasks import registry
+from bert_jax.tasks.jobs import pretraining
 
 REPORT_FILE = "compile_report.json"
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
@@ -127,11 +127,6 @@ class _Target:
   par: Any
 
 
-# config.task -> the module whose get_task(config) defines a fine-tuning task
-FINETUNING_TASKS = {"glue": "bert_jax.tasks.glue", "swag": "bert_jax.tasks.swag",
-                    "squad": "bert_jax.tasks.squad", "ner": "bert_jax.tasks.ner"}
-
-
 def build_job(config, layers: Optional[int] = None) -> Job:
   """The experiment's own job, from the `make_job` its training run calls (what trains is what
   compiles), unrolled at `layers` layers if given (the cost of a scanned step). Fine-tuning
@@ -142,9 +137,9 @@ def build_job(config, layers: Optional[int] = None) -> Job:
       config = config.copy_and_resolve_references()
       config.model.update(num_hidden_layers=layers, scan_layers=False)
     return pretraining.make_job(config)
-  from bert_jax.tasks import finetuning
+  from bert_jax.tasks.framework import finetuning
   finetuning.check_config(config)
-  task = importlib.import_module(FINETUNING_TASKS[config.task]).get_task(config)
+  task = registry.make_task(config)
   inputs = finetuning.read_inputs(task, config, max_train_examples=4, evaluation=False)
   if layers is not None:
     inputs = dataclasses.replace(inputs, bert_config=inputs.bert_config.replace(
@@ -390,9 +385,9 @@ def summary(report: Dict[str, Any]) -> str:
 def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
   """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
   task = config.get("task", "pretraining")
-  if task != "pretraining" and task not in FINETUNING_TASKS:
+  if task != "pretraining" and task not in registry.finetuning_tasks():
     raise ValueError(f"--compile_for compiles pre-training and fine-tuning experiments "
-                     f"({sorted(FINETUNING_TASKS)}); config.task={task!r} is not one")
+                     f"({list(registry.finetuning_tasks())}); config.task={task!r} is not one")
   if config.get("parallelism", "jit") != "jit":
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)

@@ -2,7 +2,8 @@
 
 Input, one example per line (`lines`: plain text or TSV, the columns tab-separated) or one JSON
 object per line (`jsonl`); for SQuAD also the official JSON file (`squad_json`, read whole: JSON
-does not stream). What a line holds depends on the task the model was fine-tuned on:
+does not stream). What a line holds depends on the task the model was fine-tuned on (its
+`Task.parse_input`):
 
 | task | `lines` | `jsonl` |
 |---|---|---|
@@ -39,14 +40,12 @@ import numpy as np
 from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.parallel import sharding
-from bert_jax.tasks import fine_tuned, finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework.task import BadInput
+from bert_jax.tasks.tools import fine_tuned
 
 FORMATS = ("lines", "jsonl", "squad_json")
 MAX_REPORTED = 20   # bad lines printed one by one; beyond that only counted
-
-
-class BadInput(ValueError):
-  """One input line that cannot become an example (the message says why)."""
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -73,105 +72,6 @@ def _record(line: str, fmt: str):
   return record
 
 
-def _text(record: Dict, *keys: str) -> str:
-  for key in keys:
-    if key in record:
-      if not isinstance(record[key], str):
-        raise BadInput(f'"{key}" must be a string')
-      if not record[key].strip():
-        raise BadInput(f'"{key}" is empty')
-      return record[key]
-  raise BadInput("missing " + " or ".join(f'"{k}"' for k in keys))
-
-
-def _columns(record: Dict, names: Sequence[str]) -> List[str]:
-  """The record's tab-separated columns, exactly len(names) of them, none empty."""
-  columns = record["columns"]
-  if len(names) == 1:   # a single text: tabs are just whitespace in it
-    columns = ["\t".join(columns)]
-  if len(columns) != len(names):
-    raise BadInput(f"expected {len(names)} tab-separated columns ({', '.join(names)}), "
-                   f"got {len(columns)}")
-  for name, value in zip(names, columns):
-    if not value.strip():
-      raise BadInput(f"{name} is empty")
-  return columns
-
-
-def _glue_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import glue
-  spec = glue.spec_for(config.data.glue_task)
-  is_pair = spec.columns[1] is not None
-
-  def make(record, guid):
-    if "columns" in record:
-      texts = _columns(record, ("text_a", "text_b") if is_pair else ("text",))
-      text_a, text_b = texts[0], (texts[1] if is_pair else None)
-    else:
-      text_a = _text(record, "text_a", "text")
-      text_b = _text(record, "text_b") if is_pair else None
-    return glue.GlueExample(guid, text_a, text_b, None)
-  return make
-
-
-def _ner_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import ner
-  del config
-
-  def make(record, guid):
-    del guid
-    if "columns" in record:
-      words = " ".join(record["columns"]).split()
-    elif "words" in record:
-      words = record["words"]
-      if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
-        raise BadInput('"words" must be a list of non-empty strings')
-    else:
-      words = _text(record, "text").split()
-    if not words:
-      raise BadInput("no words")
-    return ner.Sentence(list(words), ["O"] * len(words), document=0)
-  return make
-
-
-def _squad_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import squad
-  del config
-
-  def make(record, guid):
-    if "columns" in record:
-      question, context = _columns(record, ("question", "context"))
-    else:
-      question, context = _text(record, "question"), _text(record, "context")
-    return squad.SquadExample(str(record.get("id", guid)), question, context, [])
-  return make
-
-
-def _swag_example(config) -> Callable[[Dict, str], Any]:
-  from bert_jax.tasks import swag
-  del config
-
-  def make(record, guid):
-    if "columns" in record:
-      context, *endings = _columns(record, ("context",) + tuple(
-          f"ending{i}" for i in range(swag.NUM_CHOICES)))
-      start = ""
-    else:
-      context = _text(record, "context")
-      endings = record.get("endings")
-      if (not isinstance(endings, list) or len(endings) != swag.NUM_CHOICES
-          or not all(isinstance(e, str) for e in endings)):
-        raise BadInput(f'"endings" must be a list of {swag.NUM_CHOICES} strings')
-      start = record.get("start_ending", "")
-    return swag.SwagExample(guid, context, start, list(endings), None)
-  return make
-
-
-# config.task -> (config -> make_example(record, guid)).
-EXAMPLE_MAKERS = {"glue": _glue_example, "ner": _ner_example, "squad": _squad_example,
-                  "swag": _swag_example}
-
-
 @dataclasses.dataclass
 class Counts:
   lines: int = 0          # examples offered (non-blank lines, or questions of a SQuAD file)
@@ -184,7 +84,7 @@ def read_examples(path: str, fmt: str, make_example, counts: Counts,
   """(output fields, example) for every readable example of `path`, streamed; bad lines are
   reported as `path:line: why` and counted. Blank lines are not examples (not counted)."""
   if fmt == "squad_json":
-    from bert_jax.tasks import squad
+    from bert_jax.tasks.datasets import squad
     for index, example in enumerate(squad.read_squad_json(path, is_training=False)):
       counts.lines += 1
       yield {"line": index + 1, "id": example.qas_id}, example
@@ -235,7 +135,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _entities(words: Sequence[str], tags: Sequence[str]) -> List[Dict]:
-  from bert_jax.tasks import ner
+  from bert_jax.tasks.datasets import ner
   return [{"type": kind, "start": first, "end": last + 1, "text": " ".join(words[first:last + 1])}
           for kind, first, last in ner.get_entities(tags)]
 
@@ -274,15 +174,6 @@ def format_outputs(model: fine_tuned.FineTuned, examples: Sequence[Any],
   raise ValueError(f"Unknown output kind {kind!r} (expected one of {finetuning.OUTPUT_KINDS})")
 
 
-def _null_threshold(model: fine_tuned.FineTuned) -> Optional[float]:
-  """SQuAD v2.0: the threshold tuned on dev and stored in best/, else the config's."""
-  if model.config.task != "squad" or model.config.get("version") != "2.0":
-    return None
-  from bert_jax.tasks import squad
-  return squad.load_null_threshold(model.directory,
-                                   default=model.config.get("null_score_diff_threshold", 0.0))
-
-
 # ----------------------------------------------------------------------------------- the run
 
 
@@ -304,12 +195,12 @@ def predict_file(model: fine_tuned.FineTuned, input_path: str, output_path: str,
                      "lines)")
   report = report or (lambda message: print(message, file=sys.stderr, flush=True))
   counts = Counts()
-  make_example = EXAMPLE_MAKERS[model.config.task](model.config)
+  make_example = model.task.parse_input
   par = parallel.create(model.config)
   predictor = finetuning.Predictor(model.model, model.task, batch_size, par.mesh,
                                    length_bucket=length_bucket)
   params = sharding.place(model.params, sharding.replicated(par.mesh))   # once, not per chunk
-  null_threshold = _null_threshold(model)
+  null_threshold = model.task.null_threshold(model.directory)
   bar = _progress_bar(input_path, fmt, progress)
   with filesystem.open(output_path, "w") as out:
     for chunk in _chunks(read_examples(input_path, fmt, make_example, counts, report),

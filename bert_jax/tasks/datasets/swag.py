@@ -1,4 +1,4 @@
-"""SWAG (multiple choice, spec section 5) as a `finetuning.Task`.
+"""SWAG (multiple choice, spec section 5) as a `Task` (`config.task=swag`).
 
 Data: the swagaf CSV files (`config.data.swag_dir` with `train.csv`, `val.csv`, `test.csv`;
 columns `video-id, fold-ind, startphrase, sent1, sent2, gold-source, ending0..ending3, label`,
@@ -16,7 +16,8 @@ import ml_collections
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework.task import BadInput, Task, columns, text_field
 from bert_jax.text import pairs
 from bert_jax.model import heads
 
@@ -95,29 +96,60 @@ def write_predictions(workdir: str, split: str, examples: Sequence[SwagExample],
   return [path]
 
 
-def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
-  def read(split):
-    if not config.data.swag_dir:
-      raise ValueError("config.data.swag_dir is empty: the folder with the swagaf CSV files")
-    return read_csv(filesystem.join(config.data.swag_dir, SPLIT_FILES[split]), split != "test")
+class SwagTask(Task):
+  """SWAG (config: experiments/swag.py)."""
+  name = "swag"
+  best_metric = "accuracy"
+  eval_splits = ("dev",)
+  test_splits = ("test",)
+  output_kind = "multiple_choice"
+  labels = tuple(str(i) for i in range(NUM_CHOICES))
+  input_format = "each choice c: [CLS] context [SEP] ending_c [SEP]"
 
-  return finetuning.Task(
-      name="swag",
-      read_examples=read,
-      make_features=lambda ex, tok, split: make_features(config.max_seq_length, ex, tok, split),
-      make_head=lambda: heads.MultipleChoiceHead(config.head_dropout),
-      loss=heads.classification_loss,      # softmax over the 4 choice scores
-      predict=lambda ex, feats, outputs: [int(i) for i in np.argmax(outputs["logits"], -1)],
-      metrics=accuracy,
-      write_predictions=write_predictions,
-      best_metric="accuracy",
-      eval_splits=("dev",),
-      test_splits=("test",),
-      output_kind="multiple_choice",
-      labels=tuple(str(i) for i in range(NUM_CHOICES)))
+  def read_examples(self, split):
+    if not self.config.data.swag_dir:
+      raise ValueError("config.data.swag_dir is empty: the folder with the swagaf CSV files")
+    return read_csv(filesystem.join(self.config.data.swag_dir, SPLIT_FILES[split]),
+                    split != "test")
+
+  def make_features(self, examples, tokenizer, split):
+    return make_features(self.config.max_seq_length, examples, tokenizer, split)
+
+  def make_head(self):
+    return heads.MultipleChoiceHead(self.config.head_dropout)
+
+  def loss(self, outputs, batch):
+    return heads.classification_loss(outputs, batch)      # softmax over the 4 choice scores
+
+  def predict(self, examples, features, outputs):
+    return [int(i) for i in np.argmax(outputs["logits"], -1)]
+
+  def metrics(self, examples, predictions):
+    return accuracy(examples, predictions)
+
+  def write_predictions(self, workdir, split, examples, predictions):
+    return write_predictions(workdir, split, examples, predictions)
+
+  def parse_input(self, record, guid):
+    """`context<TAB>ending0<TAB>...<TAB>ending3` / {"context": ..., "endings": [4 strings]}."""
+    if "columns" in record:
+      context, *endings = columns(record, ("context",) + tuple(
+          f"ending{i}" for i in range(NUM_CHOICES)))
+      start = ""
+    else:
+      context = text_field(record, "context")
+      endings = record.get("endings")
+      if (not isinstance(endings, list) or len(endings) != NUM_CHOICES
+          or not all(isinstance(e, str) for e in endings)):
+        raise BadInput(f'"endings" must be a list of {NUM_CHOICES} strings')
+      start = record.get("start_ending", "")
+    return SwagExample(guid, context, start, list(endings), None)
+
+
+TASK = SwagTask
+get_task = SwagTask   # the name before tasks were classes
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:
   """The `swag` runner: `config.seeds` restarts of the fine-tuning loop."""
-  return finetuning.run_with_seeds(
-      lambda c, w: finetuning.train_and_evaluate(get_task(c), c, w), config, workdir)
+  return finetuning.run_task(SwagTask, config, workdir)

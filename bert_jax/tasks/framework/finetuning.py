@@ -1,45 +1,8 @@
 r"""The one fine-tuning loop shared by every task (GLUE, SWAG, SQuAD, NER, feature-based).
 
-A task is a `Task`: a small dataclass of plain functions. The loop knows nothing else about it.
-
-    Task(
-      name="mrpc",
-      read_examples=lambda split: [...],          # split name -> list of examples (any objects)
-      make_features=lambda examples, tokenizer, split: Features(...),
-      make_head=lambda: heads.ClassificationHead(num_labels=2),
-      loss=heads.classification_loss,             # (outputs, batch) -> (row_loss [B], row_weight [B])
-      row_weight=None,                            # batch -> row_weight [B] (None: 1 per row)
-      predict=lambda examples, features, outputs: [...],   # one prediction per example
-      metrics=lambda examples, predictions: {"f1": .., "accuracy": ..},
-      write_predictions=lambda workdir, split, examples, predictions: [paths written],
-      best_metric="f1",                           # key of metrics() that selects the checkpoint
-      eval_splits=("dev",), test_splits=("test",))
-
-* `make_features` returns `Features(arrays, example_index, meta)`: `arrays` are fixed-shape numpy
-  arrays with one leading row axis (the model inputs `input_ids`, `input_mask`, `segment_ids`
-  [rows, S] or [rows, C, S] for multiple choice, plus the labels the loss reads);
-  `example_index` [rows] says which example a row belongs to (several rows per example: SQuAD's
-  windows); `meta` is anything `predict` needs and the loop never touches (token maps).
-  Test splits (no labels) must still give every array `loss` would read (zeros are fine); the loop
-  computes a loss only on `eval_splits`.
-* `make_head()` returns a Flax module called as `head(encoder_outputs, batch, deterministic)`;
-  see `bert_jax.model.heads`. Its parameters are `head/...`; they are the only ones not loaded from
-  `config.init_checkpoint` (`Task.new_params` regexes; everything else must match the
-  checkpoint or the run stops with the names).
-* `predict(examples, features, outputs)` gets the head outputs of *every* row of the split, in
-  row order (numpy, leading axis rows): SQuAD-style post-processing over all windows of an
-  example lives there. `metrics(examples, predictions)` -> {name: float}.
-* `write_predictions(workdir, split, examples, predictions)` writes the task's files for any
-  eval or test split and returns their paths.
-* Length buckets (`config.length_bucket` = N > 0): each batch's token axis is cut to the
-  smallest multiple of N that holds its longest row, and evaluation runs rows shortest first.
-  The model inputs are cut; so are the feature arrays named in `Task.token_features` (token
-  axis last, e.g. NER's `label_ids`). Head outputs named in `Task.token_outputs` ([rows, S, ...],
-  e.g. span logits) come back padded to the features' length with `CUT_TOKEN_OUTPUT` at the
-  positions that were cut (padding: no real token is ever there).
-* `output_hidden_states=True` passes all layers to the head (`hidden_states` [L+1, B, S, H]);
-  `freeze_encoder=True` trains the head only (the feature-based approach, spec section 5.3): the
-  encoder runs without dropout and gets no gradient or update.
+A task is a `Task` (`bert_jax.tasks.framework.task`: one class per task, with its data,
+features, head, loss, predictions, metrics and files); the loop knows nothing else about it.
+`tasks.registry` finds a task by `config.task`.
 
 What the loop does (spec section 5): the encoder from `config.init_checkpoint` (any format
 `checkpoints.load_pretrained` reads), the vocabulary from the checkpoint's directory (`vocab.txt`)
@@ -84,11 +47,14 @@ from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
 from bert_jax.runtime import step as step_core
+from bert_jax.runtime.inference import BatchedInference, host_slice
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
+from bert_jax.tasks.framework.task import (  # noqa: F401 (the loop's names for them)
+    MODEL_INPUTS, OUTPUT_KINDS, Features, FunctionTask, Task)
 from bert_jax.text import tokenization
 
 RESULTS_FILE = "results.json"
@@ -98,70 +64,12 @@ BEST_INFO = "best.json"
 # The experiment config a best/ model was fine-tuned with: what predict and export rebuild the
 # task from (its head, labels, max_seq_length, casing).
 TASK_CONFIG = "task_config.json"
-OUTPUT_KINDS = ("classification", "regression", "multiple_choice", "tagging", "span")
 SPM_COPY = checkpoints.SPM_CANDIDATES[0]  # the SentencePiece model saved beside best/
-MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 # Row mask the loop adds to every batch: 1 for real rows, 0 for the padding of a last eval batch.
 EXAMPLE_MASK = "example_mask"
 # What a token output holds at the positions a length bucket cut off (all padding): low enough
 # that no argmax or top-k over positions picks one, finite so that sums of two stay finite.
 CUT_TOKEN_OUTPUT = -1e9
-
-
-# ----------------------------------------------------------------------------------- interface
-
-
-@dataclasses.dataclass
-class Features:
-  """Fixed-shape arrays of one split (leading axis: rows) and what predict() needs besides."""
-  arrays: Dict[str, np.ndarray]
-  example_index: np.ndarray          # [rows] int: the example each row was made from
-  meta: Any = None                   # task-specific (e.g. SQuAD token -> word maps); loop ignores
-
-  def __post_init__(self):
-    rows = {k: v.shape[0] for k, v in self.arrays.items()}
-    if len(set(rows.values()) | {len(self.example_index)}) != 1:
-      raise ValueError(f"Features: arrays disagree on the number of rows: {rows}, "
-                       f"example_index has {len(self.example_index)}")
-    for name in MODEL_INPUTS:
-      if name not in self.arrays:
-        raise ValueError(f"Features: missing model input {name!r} (have {sorted(self.arrays)})")
-
-  @property
-  def num_rows(self) -> int:
-    return len(self.example_index)
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """Everything task-specific about fine-tuning; see the module docstring."""
-  name: str
-  read_examples: Callable[[str], Sequence[Any]]
-  make_features: Callable[[Sequence[Any], Any, str], Features]
-  make_head: Callable[[], nn.Module]
-  loss: Callable[[Dict, Dict], Tuple[jax.Array, jax.Array]]
-  predict: Callable[[Sequence[Any], Features, Dict[str, np.ndarray]], List[Any]]
-  metrics: Callable[[Sequence[Any], List[Any]], Dict[str, float]]
-  write_predictions: Callable[[str, str, Sequence[Any], List[Any]], List[str]]
-  best_metric: str
-  eval_splits: Tuple[str, ...] = ("dev",)
-  test_splits: Tuple[str, ...] = ()
-  train_split: str = "train"
-  higher_is_better: bool = True
-  output_hidden_states: bool = False
-  freeze_encoder: bool = False
-  new_params: Tuple[str, ...] = (r"head/.*",)
-  # The loss's row weights from the batch alone (the step normalises by their global sum before
-  # any micro-batch runs); None: one per row. Must equal what `loss` returns as row_weight.
-  row_weight: Optional[Callable[[Dict], jax.Array]] = None
-  # Length buckets (see the module docstring): feature arrays besides the model inputs whose
-  # last axis is the token axis, and head outputs [rows, S, ...] with the token axis second.
-  token_features: Tuple[str, ...] = ()
-  token_outputs: Tuple[str, ...] = ()
-  # What the head's outputs mean to a user (`python -m bert_jax.predict`, `bert_jax.export`):
-  # one of OUTPUT_KINDS, and the label names that index the logits ("" / (): not declared).
-  output_kind: str = ""
-  labels: Tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------- model
@@ -276,15 +184,6 @@ def select_rows(arrays: Dict[str, np.ndarray], index: np.ndarray, mask: np.ndarr
 def cut_tokens(batch: Dict, length: int, names: Sequence[str]) -> Dict:
   """`batch` with the token axis (last) of the arrays in `names` cut to `length`."""
   return {k: (v[..., :length] if k in names else v) for k, v in batch.items()}
-
-
-def host_slice(batch: Dict, global_batch: int) -> Dict:
-  """This process's rows of a global batch (jit over a multi-host mesh takes per-host slices)."""
-  count, index = jax.process_count(), jax.process_index()
-  if count == 1:
-    return batch
-  per_host = global_batch // count
-  return {k: v[index * per_host:(index + 1) * per_host] for k, v in batch.items()}
 
 
 class TrainOrder:
@@ -407,69 +306,29 @@ def read_best_info(workdir: str) -> Optional[Dict]:
 
 
 class Predictor:
-  """Runs the model over a whole split: fixed batch size, the last batch padded and masked.
-
-  With `length_bucket` N > 0 rows run shortest first, each batch cut to a multiple of N
-  (`bucket_length`); the outputs come back in row order, token outputs padded back."""
+  """Runs the model over a whole split (`runtime.inference.BatchedInference`): fixed batch size,
+  the last batch padded and masked; with `length_bucket` N > 0 rows run shortest first, each
+  batch cut to a multiple of N; the outputs come back in row order, token outputs padded back."""
 
   def __init__(self, model, task: Task, batch_size: int, mesh, params_sharding=None,
                length_bucket: int = 0):
     """`params_sharding`: how the parameters passed in are placed (the train state's layout
     under tensor parallelism); default replicated."""
-    self.batch_size = _round_up(batch_size, mesh.shape["data"])
-    self._mesh = mesh
-    self._length_bucket = length_bucket
-    self._token_features = MODEL_INPUTS + tuple(task.token_features)
-    self._token_outputs = tuple(task.token_outputs)
-    if params_sharding is None:
-      params_sharding = sharding.replicated(mesh)
-    self._params_sharding = params_sharding
-    in_shardings = (params_sharding, sharding.batch_sharding(mesh))
-    compile_ = lambda loss: jax.jit(
-        functools.partial(predict_step, model=model, task_loss=loss),
-        in_shardings=in_shardings, out_shardings=sharding.replicated(mesh))
-    self._with_loss = compile_(task.loss)
-    self._without_loss = compile_(None)
+    run = lambda loss: BatchedInference(
+        functools.partial(predict_step, model=model, task_loss=loss), batch_size,
+        length_bucket=length_bucket, token_inputs=MODEL_INPUTS + tuple(task.token_features),
+        token_outputs=task.token_outputs, pad_value=CUT_TOKEN_OUTPUT, mask_key=EXAMPLE_MASK,
+        mesh=mesh, params_sharding=params_sharding)
+    self._with_loss, self._without_loss = run(task.loss), run(None)
+    self.batch_size = self._with_loss.batch_size
 
   def __call__(self, params, features: Features, with_loss: bool):
     """({output name: [rows, ...] numpy}, mean loss or None) over every row exactly once."""
-    step = self._with_loss if with_loss else self._without_loss
-    params = sharding.place(params, self._params_sharding)  # host copies (the best checkpoint)
-    n, b = features.num_rows, self.batch_size
-    max_length = features.arrays["input_ids"].shape[-1]
-    lengths = row_lengths(features.arrays["input_mask"])
-    # Shortest first when cutting, so that rows of like length share a batch (and its length).
-    order = np.argsort(lengths, kind="stable") if self._length_bucket else np.arange(n)
-    pieces: List[Dict[str, np.ndarray]] = []
-    for start in range(0, n, b):
-      rows = order[start:start + b]
-      real = len(rows)
-      index = np.concatenate([rows, np.full(b - real, rows[0])])  # padding repeats a real row
-      mask = np.arange(b) < real
-      length = bucket_length(lengths[rows], self._length_bucket, max_length)
-      batch = cut_tokens(select_rows(features.arrays, index, mask), length, self._token_features)
-      outputs = jax.device_get(step(params, sharding.shard_batch(host_slice(batch, b),
-                                                                 self._mesh)))
-      pieces.append({k: self._pad_back(k, np.asarray(v)[:real], max_length)
-                     for k, v in outputs.items()})
-    outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]} if pieces else {}
-    if self._length_bucket:
-      outputs = {k: v[np.argsort(order)] for k, v in outputs.items()}   # back to row order
+    outputs = (self._with_loss if with_loss else self._without_loss)(params, features.arrays)
     loss = None
-    if with_loss and pieces:
+    if with_loss and outputs:
       loss = float(outputs.pop("_row_loss").sum() / max(outputs.pop("_row_weight").sum(), 1e-6))
     return outputs, loss
-
-  def _pad_back(self, name: str, x: np.ndarray, max_length: int) -> np.ndarray:
-    """A token output [rows, S', ...] of a cut batch -> [rows, max_length, ...]."""
-    if name not in self._token_outputs or x.shape[1] == max_length:
-      return x
-    widths = [(0, 0), (0, max_length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
-    return np.pad(x, widths, constant_values=CUT_TOKEN_OUTPUT)
-
-
-def _round_up(x: int, multiple: int) -> int:
-  return -(-x // multiple) * multiple
 
 
 @dataclasses.dataclass
@@ -773,6 +632,12 @@ def train_and_evaluate(task: Task, config: ml_collections.ConfigDict,
   num_train_steps = job.settings.num_steps
   return _final_results(task, config, inputs, outcome.evaluate.predictor, par, outcome.state,
                         workdir, num_train_steps, num_train_steps, time.time() - start)
+
+
+def run_task(task_class: Callable[[ml_collections.ConfigDict], Task],
+             config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
+  """The runner of a fine-tuning task's `config.task`: `config.seeds` restarts of the loop."""
+  return run_with_seeds(lambda c, w: train_and_evaluate(task_class(c), c, w), config, workdir)
 
 
 # ----------------------------------------------------------------------------------- restarts

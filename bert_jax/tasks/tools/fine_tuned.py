@@ -6,7 +6,6 @@ what the run predicted with: the task definition (features, head, post-processin
 its parameters and the tokenizer. `bert_jax.predict` and `bert_jax.export` start here.
 """
 import dataclasses
-import importlib
 import json
 from typing import Any, Dict
 
@@ -14,15 +13,8 @@ import ml_collections
 
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks import finetuning
-
-# config.task of a fine-tuning run -> the module whose get_task(config) defines it.
-TASK_MODULES = {
-    "glue": "bert_jax.tasks.glue",
-    "swag": "bert_jax.tasks.swag",
-    "squad": "bert_jax.tasks.squad",
-    "ner": "bert_jax.tasks.ner",
-}
+from bert_jax.tasks import registry
+from bert_jax.tasks.framework import finetuning
 
 
 @dataclasses.dataclass
@@ -61,14 +53,14 @@ def read_task_config(directory: str) -> ml_collections.ConfigDict:
         f"{path} is missing: this best/ was written before task_config.json was recorded; "
         "fine-tune it again (or rerun with num_train_epochs=0 from it) to record the task")
   config = ml_collections.ConfigDict(json.loads(filesystem.read_text(path)))
-  if config.get("task") not in TASK_MODULES:
+  if config.get("task") not in registry.finetuning_tasks():
     raise ValueError(f"{path}: task={config.get('task')!r} cannot be loaded for prediction "
-                     f"(expected one of {sorted(TASK_MODULES)})")
+                     f"(expected one of {list(registry.finetuning_tasks())})")
   return config
 
 
 def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
-  return importlib.import_module(TASK_MODULES[config.task]).get_task(config)
+  return registry.make_task(config)
 
 
 def load(path: str, **model_overrides) -> FineTuned:

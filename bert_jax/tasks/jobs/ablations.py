@@ -22,7 +22,9 @@ import numpy as np
 from bert_jax.io import filesystem
 from bert_jax.runtime import outputs
 from bert_jax.runtime.metric_writers import read_metrics
-from bert_jax.tasks import feature_based, finetuning, glue, pretraining
+from bert_jax.tasks.datasets import glue
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.jobs import feature_based, pretraining
 
 # name -> (paper table, overrides of the pre-training config as dotted field names)
 VARIANTS = {

@@ -1,4 +1,5 @@
-"""GLUE: the nine tasks as `finetuning.Task`s, official metrics, and leaderboard submission files.
+"""GLUE: the nine tasks as one `Task` class (`config.task=glue`), official metrics, and
+leaderboard submission files.
 
 Data comes from the folder layout the official download script writes (`config.data.glue_dir`
 with `CoLA/`, `SST-2/`, `MRPC/`, `STS-B/`, `QQP/`, `MNLI/`, `QNLI/`, `RTE/`, `WNLI/`,
@@ -28,7 +29,8 @@ import numpy as np
 from absl import logging
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework.task import Task, columns, text_field
 from bert_jax.text import pairs
 from bert_jax.model import heads
 
@@ -330,31 +332,62 @@ def predict(spec: GlueSpec, examples, features, outputs) -> List:
   return [spec.labels[i] for i in np.argmax(logits, axis=-1)]
 
 
-def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
-  """The GLUE task `config.data.glue_task` as the fine-tuning loop's task definition."""
-  spec = spec_for(config.data.glue_task)
-  return finetuning.Task(
-      name=spec.name,
-      read_examples=lambda split: read_examples(spec, config.data, split),
-      make_features=lambda ex, tok, split: make_features(spec, config.max_seq_length, ex, tok,
-                                                         split),
-      make_head=lambda: heads.ClassificationHead(max(len(spec.labels), 1), config.head_dropout),
-      loss=heads.regression_loss if spec.is_regression else heads.classification_loss,
-      predict=lambda ex, feats, outputs: predict(spec, ex, feats, outputs),
-      metrics=lambda ex, preds: compute_metrics(spec, [e.label for e in ex], preds),
-      write_predictions=lambda workdir, split, ex, preds: write_predictions(
-          spec, workdir, split, ex, preds),
-      best_metric=spec.metrics[0],
-      eval_splits=spec.eval_splits,
-      test_splits=spec.test_splits,
-      output_kind="regression" if spec.is_regression else "classification",
-      labels=tuple(spec.labels))
+class GlueTask(Task):
+  """The GLUE task `config.data.glue_task` (config: experiments/glue.py)."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    self.spec = spec = spec_for(config.data.glue_task)
+    self.name = spec.name
+    self.best_metric = spec.metrics[0]
+    self.eval_splits, self.test_splits = spec.eval_splits, spec.test_splits
+    self.output_kind = "regression" if spec.is_regression else "classification"
+    self.labels = tuple(spec.labels)
+    self.input_format = ("[CLS] A [SEP] B [SEP]" if spec.is_regression else
+                         "one sentence: [CLS] A [SEP]; a pair: [CLS] A [SEP] B [SEP]")
+
+  def read_examples(self, split):
+    return read_examples(self.spec, self.config.data, split)
+
+  def make_features(self, examples, tokenizer, split):
+    return make_features(self.spec, self.config.max_seq_length, examples, tokenizer, split)
+
+  def make_head(self):
+    return heads.ClassificationHead(max(len(self.spec.labels), 1), self.config.head_dropout)
+
+  def loss(self, outputs, batch):
+    if self.spec.is_regression:
+      return heads.regression_loss(outputs, batch)
+    return heads.classification_loss(outputs, batch)
+
+  def predict(self, examples, features, outputs):
+    return predict(self.spec, examples, features, outputs)
+
+  def metrics(self, examples, predictions):
+    return compute_metrics(self.spec, [e.label for e in examples], predictions)
+
+  def write_predictions(self, workdir, split, examples, predictions):
+    return write_predictions(self.spec, workdir, split, examples, predictions)
+
+  def parse_input(self, record, guid):
+    """One sentence, or a pair: `text_a<TAB>text_b` / {"text_a": ..., "text_b": ...}."""
+    is_pair = self.spec.columns[1] is not None
+    if "columns" in record:
+      texts = columns(record, ("text_a", "text_b") if is_pair else ("text",))
+      text_a, text_b = texts[0], (texts[1] if is_pair else None)
+    else:
+      text_a = text_field(record, "text_a", "text")
+      text_b = text_field(record, "text_b") if is_pair else None
+    return GlueExample(guid, text_a, text_b, None)
+
+
+TASK = GlueTask
+get_task = GlueTask   # the name before tasks were classes
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:
   """One GLUE task, `config.seeds` restarts (the `glue` runner)."""
-  return finetuning.run_with_seeds(
-      lambda c, w: finetuning.train_and_evaluate(get_task(c), c, w), config, workdir)
+  return finetuning.run_task(GlueTask, config, workdir)
 
 
 # ----------------------------------------------------------------------------------- all tasks

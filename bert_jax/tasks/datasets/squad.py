@@ -20,7 +20,6 @@ needs), so any loop can batch them. Shape letters: N features, S max_seq_length.
 """
 import collections
 import dataclasses
-import functools
 import json
 import logging
 import unicodedata
@@ -29,9 +28,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework.task import Task, columns, text_field
 from bert_jax.model import heads
-from bert_jax.tasks import squad_metrics
+from bert_jax.tasks.datasets import squad_metrics
 from bert_jax.text import tokenization
 
 log = logging.getLogger(__name__)
@@ -663,27 +663,70 @@ def _write_predictions(config, workdir, split, examples, predictions) -> List[st
   return list(paths.values())
 
 
-def get_task(config):
-  """The SQuAD v1.1 / v2.0 `finetuning.Task` (config: experiments/squad.py)."""
-  if config.version not in ("1.1", "2.0"):
-    raise ValueError(f"config.version={config.version!r}: expected '1.1' or '2.0'")
-  bind = lambda fn: functools.partial(fn, config)
-  return finetuning.Task(
-      name=f"squad_v{config.version}",
-      read_examples=bind(_read_split),
-      make_features=bind(_make_features),
-      make_head=heads.SpanHead,
-      loss=heads.span_loss,
-      predict=bind(_predict),
-      metrics=bind(_metrics),
-      write_predictions=bind(_write_predictions),
-      best_metric="f1",
-      eval_splits=("dev",),
-      test_splits=("test",) if config.data.get("test_file") else (),
-      token_outputs=("start_logits", "end_logits"),
-      output_kind="span")
+class SquadTask(Task):
+  """SQuAD v1.1 / v2.0 (config: experiments/squad.py)."""
+  best_metric = "f1"
+  eval_splits = ("dev",)
+  token_outputs = ("start_logits", "end_logits")
+  output_kind = "span"
+  input_format = ("[CLS] question [SEP] context window [SEP] (long contexts in windows of "
+                  "max_seq_length, doc_stride apart)")
+
+  def __init__(self, config):
+    if config.version not in ("1.1", "2.0"):
+      raise ValueError(f"config.version={config.version!r}: expected '1.1' or '2.0'")
+    super().__init__(config)
+    self.name = f"squad_v{config.version}"
+    self.test_splits = ("test",) if config.data.get("test_file") else ()
+
+  def read_examples(self, split):
+    return _read_split(self.config, split)
+
+  def make_features(self, examples, tokenizer, split):
+    return _make_features(self.config, examples, tokenizer, split)
+
+  def make_head(self):
+    return heads.SpanHead()
+
+  def loss(self, outputs, batch):
+    return heads.span_loss(outputs, batch)
+
+  def predict(self, examples, features, outputs):
+    return _predict(self.config, examples, features, outputs)
+
+  def metrics(self, examples, predictions):
+    return _metrics(self.config, examples, predictions)
+
+  def write_predictions(self, workdir, split, examples, predictions):
+    return _write_predictions(self.config, workdir, split, examples, predictions)
+
+  def parse_input(self, record, guid):
+    """`question<TAB>context` / {"id": ..., "question": ..., "context": ...}."""
+    if "columns" in record:
+      question, context = columns(record, ("question", "context"))
+    else:
+      question, context = text_field(record, "question"), text_field(record, "context")
+    return SquadExample(str(record.get("id", guid)), question, context, [])
+
+  def null_threshold(self, directory):
+    """v2.0: the threshold tuned on dev and stored in best/, else the config's."""
+    if self.config.get("version") != "2.0":
+      return None
+    return load_null_threshold(directory,
+                               default=self.config.get("null_score_diff_threshold", 0.0))
+
+  def signature_notes(self, directory):
+    notes = {k: self.config.get(k) for k in (
+        "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
+    threshold_file = filesystem.join(directory, THRESHOLD_FILE)
+    if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
+      notes.update(json.loads(filesystem.read_text(threshold_file)))
+    return {"span": notes}
+
+
+TASK = SquadTask
+get_task = SquadTask   # the name before tasks were classes
 
 
 def run(config, workdir: str) -> Dict:
-  return finetuning.run_with_seeds(
-      lambda c, w: finetuning.train_and_evaluate(get_task(c), c, w), config, workdir)
+  return finetuning.run_task(SquadTask, config, workdir)

@@ -19,13 +19,13 @@ Shape letters: N rows, S max_seq_length, K labels.
 """
 import collections
 import dataclasses
-import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework.task import BadInput, Task, text_field
 from bert_jax.model import heads
 from bert_jax.model.heads import IGNORE_LABEL
 
@@ -350,28 +350,68 @@ def _write(config, workdir, split, examples, predictions) -> List[str]:
   return [write_conll(filesystem.join(workdir, f"{split}_predictions.txt"), examples, predictions)]
 
 
-def get_task(config):
-  """The NER `finetuning.Task` (config: experiments/ner.py)."""
-  bind = lambda fn: functools.partial(fn, config)
-  labels = labels_for(config)
-  return finetuning.Task(
-      name=f"ner_{config.dataset}",
-      read_examples=bind(read_split),
-      make_features=bind(_make_features),
-      make_head=lambda: heads.TokenTaggingHead(len(labels), config.head_dropout),
-      loss=heads.token_tagging_loss,
-      predict=bind(_predict),
-      metrics=lambda examples, predicted: entity_scores([s.labels for s in examples], predicted),
-      write_predictions=bind(_write),
-      best_metric="f1",
-      eval_splits=("dev",),
-      test_splits=("test",) if config.data.get("test_file") or config.data.data_dir else (),
-      token_features=("label_ids",),
-      token_outputs=("logits",),
-      output_kind="tagging",
-      labels=tuple(labels))
+class NerTask(Task):
+  """CoNLL-2003 / WNUT-17 named entities (config: experiments/ner.py)."""
+  best_metric = "f1"
+  eval_splits = ("dev",)
+  token_features = ("label_ids",)
+  token_outputs = ("logits",)
+  output_kind = "tagging"
+  input_format = ("[CLS] words [SEP], each word tokenized on its own (its first piece carries "
+                  "its label)")
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.name = f"ner_{config.dataset}"
+    self.labels = tuple(labels_for(config))
+    self.test_splits = (("test",) if config.data.get("test_file") or config.data.data_dir
+                        else ())
+
+  def read_examples(self, split):
+    return read_split(self.config, split)
+
+  def make_features(self, examples, tokenizer, split):
+    return _make_features(self.config, examples, tokenizer, split)
+
+  def make_head(self):
+    return heads.TokenTaggingHead(len(self.labels), self.config.head_dropout)
+
+  def loss(self, outputs, batch):
+    return heads.token_tagging_loss(outputs, batch)
+
+  def predict(self, examples, features, outputs):
+    return _predict(self.config, examples, features, outputs)
+
+  def metrics(self, examples, predictions):
+    return entity_scores([s.labels for s in examples], predictions)
+
+  def write_predictions(self, workdir, split, examples, predictions):
+    return _write(self.config, workdir, split, examples, predictions)
+
+  def parse_input(self, record, guid):
+    """A sentence (words split at whitespace) / {"words": [...]} or {"text": ...}."""
+    del guid
+    if "columns" in record:
+      words = " ".join(record["columns"]).split()
+    elif "words" in record:
+      words = record["words"]
+      if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise BadInput('"words" must be a list of non-empty strings')
+    else:
+      words = text_field(record, "text").split()
+    if not words:
+      raise BadInput("no words")
+    return Sentence(list(words), ["O"] * len(words), document=0)
+
+  def signature_notes(self, directory):
+    del directory
+    return {"tagging": {"scheme": self.config.data.get("scheme"),
+                        "document_context": self.config.get("document_context")}}
+
+
+TASK = NerTask
+get_task = NerTask   # the name before tasks were classes
 
 
 def run(config, workdir: str) -> Dict:
-  return finetuning.run_with_seeds(
-      lambda c, w: finetuning.train_and_evaluate(get_task(c), c, w), config, workdir)
+  return finetuning.run_task(NerTask, config, workdir)

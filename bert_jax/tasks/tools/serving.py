@@ -6,7 +6,7 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
 * `saved_model`: a TensorFlow SavedModel made by `jax.experimental.jax2tf` (native
   serialization: the model is the StableHLO JAX lowers, run by TensorFlow's XlaCallModule op).
   Signature `serving_default`: `input_ids`, `input_mask`, `segment_ids`, int32 [batch, length]
-  ([batch, choices, length] for multiple choice) -> the task's outputs (`OUTPUTS`), float32.
+  ([batch, choices, length] for multiple choice) -> the task's outputs (`KINDS`), float32.
   Batch and length are symbolic dimensions (jax2tf `polymorphic_shapes`), so one export serves
   any batch size and any length up to `max_position_embeddings` (checked when called). The
   parameters are `tf.Variable`s (the graph stays small, `saved_model_cli` lists them), and the
@@ -40,36 +40,50 @@ from absl import logging
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import modeling
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks import fine_tuned, finetuning
+from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.tools import fine_tuned
 from bert_jax.text import tokenization
 
 FORMATS = ("saved_model", "huggingface")
 ENCODER = "encoder"     # the kind of a pre-trained checkpoint exported without a head
+ENCODER_INPUT_FORMAT = "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]"
 SIGNATURE_FILE = "signature.json"
 SERVING_SIGNATURE = "serving_default"
 # Where the SavedModel may run: each gets its own lowering in the one XlaCallModule op, chosen at
 # run time by the device TensorFlow places it on (a GPU-only lowering fails on a CPU host).
 PLATFORMS = ("cpu", "cuda", "tpu")
 
-# The outputs of each kind, in signature order.
-OUTPUTS = {
-    "classification": ("logits", "probabilities"),
-    "regression": ("score",),
-    "multiple_choice": ("logits", "probabilities"),
-    "tagging": ("logits", "probabilities"),
-    "span": ("start_logits", "end_logits"),
-    ENCODER: ("sequence_output", "pooled_output"),
+# Each output kind (a task's `output_kind`, or ENCODER): the transformers model class holding the
+# same head, and its outputs in signature order as name -> (shape, meaning). Shapes are words or
+# the model's sizes: "labels" (len(labels)), "choices" (C) and "hidden" (H).
+KINDS = {
+    "classification": ("BertForSequenceClassification", {
+        "logits": (["batch", "labels"],
+                   "unnormalised score of each label (index = position in labels)"),
+        "probabilities": (["batch", "labels"], "softmax of logits over the labels")}),
+    "regression": ("BertForSequenceClassification", {
+        "score": (["batch"], "the predicted value")}),
+    "multiple_choice": ("BertForMultipleChoice", {
+        "logits": (["batch", "choices"], "score of each choice"),
+        "probabilities": (["batch", "choices"], "softmax of logits over the choices")}),
+    "tagging": ("BertForTokenClassification", {
+        "logits": (["batch", "length", "labels"],
+                   "score of each label at every token; a word's label is read at its first "
+                   "WordPiece (other positions are not trained)"),
+        "probabilities": (["batch", "length", "labels"],
+                          "softmax of logits over the labels at every token")}),
+    "span": ("BertForQuestionAnswering", {
+        "start_logits": (["batch", "length"],
+                         "score of each token as the answer's first (0 = [CLS]: no answer)"),
+        "end_logits": (["batch", "length"],
+                       "score of each token as the answer's last (0 = [CLS]: no answer)")}),
+    ENCODER: ("BertModel", {
+        "sequence_output": (["batch", "length", "hidden"], "final hidden state of every token"),
+        "pooled_output": (["batch", "hidden"],
+                          "the pooler (dense + tanh) on the [CLS] hidden state")}),
 }
-
-# kind -> the transformers model class holding the same head.
-HF_CLASSES = {
-    "classification": "BertForSequenceClassification",
-    "regression": "BertForSequenceClassification",
-    "multiple_choice": "BertForMultipleChoice",
-    "tagging": "BertForTokenClassification",
-    "span": "BertForQuestionAnswering",
-    ENCODER: "BertModel",
-}
+OUTPUTS = {kind: tuple(outputs) for kind, (_, outputs) in KINDS.items()}
+HF_CLASSES = {kind: hf_class for kind, (hf_class, _) in KINDS.items()}
 # Our input and output names -> transformers' (a softmax is not part of its models).
 HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
                   "segment_ids": "token_type_ids"}
@@ -99,6 +113,8 @@ class Servable:
   spm_model_file: Optional[str] = None   # SentencePiece model (None, None: none found)
   task_config: Optional[ml_collections.ConfigDict] = None
   num_choices: int = 0               # multiple choice: C in [B, C, S]
+  input_format: str = ENCODER_INPUT_FORMAT   # how text becomes the inputs (the task's)
+  notes: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's signature notes
 
   @property
   def outputs(self) -> Tuple[str, ...]:
@@ -134,7 +150,8 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
       max_seq_length=int(config.max_seq_length), do_lower_case=bool(config.do_lower_case),
       vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
       task_config=config,
-      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0)
+      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0,
+      input_format=model.task.input_format, notes=model.task.signature_notes(model.directory))
 
 
 def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Servable:
@@ -197,45 +214,10 @@ def input_shape(servable: Servable) -> Tuple[Optional[int], ...]:
 
 def output_shapes(servable: Servable) -> Dict[str, list]:
   """Each output's shape as words ("batch", "length", ...) or sizes, for signature.json."""
-  k = len(servable.labels)
-  hidden = servable.bert_config.hidden_size
-  shapes = {
-      "classification": {"logits": ["batch", k], "probabilities": ["batch", k]},
-      "regression": {"score": ["batch"]},
-      "multiple_choice": {"logits": ["batch", servable.num_choices],
-                          "probabilities": ["batch", servable.num_choices]},
-      "tagging": {"logits": ["batch", "length", k], "probabilities": ["batch", "length", k]},
-      "span": {"start_logits": ["batch", "length"], "end_logits": ["batch", "length"]},
-      ENCODER: {"sequence_output": ["batch", "length", hidden], "pooled_output": ["batch", hidden]},
-  }[servable.kind]
-  return {name: shapes[name] for name in servable.outputs}
-
-
-_OUTPUT_MEANINGS = {
-    ("classification", "logits"): "unnormalised score of each label (index = position in labels)",
-    ("classification", "probabilities"): "softmax of logits over the labels",
-    ("regression", "score"): "the predicted value",
-    ("multiple_choice", "logits"): "score of each choice",
-    ("multiple_choice", "probabilities"): "softmax of logits over the choices",
-    ("tagging", "logits"): "score of each label at every token; a word's label is read at its "
-                           "first WordPiece (other positions are not trained)",
-    ("tagging", "probabilities"): "softmax of logits over the labels at every token",
-    ("span", "start_logits"): "score of each token as the answer's first (0 = [CLS]: no answer)",
-    ("span", "end_logits"): "score of each token as the answer's last (0 = [CLS]: no answer)",
-    (ENCODER, "sequence_output"): "final hidden state of every token",
-    (ENCODER, "pooled_output"): "the pooler (dense + tanh) on the [CLS] hidden state",
-}
-
-_INPUT_FORMAT = {
-    "classification": "one sentence: [CLS] A [SEP]; a pair: [CLS] A [SEP] B [SEP]",
-    "regression": "[CLS] A [SEP] B [SEP]",
-    "multiple_choice": "each choice c: [CLS] context [SEP] ending_c [SEP]",
-    "tagging": "[CLS] words [SEP], each word tokenized on its own (its first piece carries its "
-               "label)",
-    "span": "[CLS] question [SEP] context window [SEP] (long contexts in windows of "
-            "max_seq_length, doc_stride apart)",
-    ENCODER: "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]",
-}
+  sizes = {"labels": len(servable.labels), "choices": servable.num_choices,
+           "hidden": servable.bert_config.hidden_size}
+  outputs = KINDS[servable.kind][1]
+  return {name: [sizes.get(d, d) for d in outputs[name][0]] for name in servable.outputs}
 
 
 def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str],
@@ -250,7 +232,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
       "segment_ids": "0 for [CLS], A and its [SEP]; 1 for B and its [SEP]; 0 for padding",
   }
   outputs = {name: {"dtype": "float32", "shape": shape,
-                    "meaning": _OUTPUT_MEANINGS[(servable.kind, name)]}
+                    "meaning": KINDS[servable.kind][1][name][1]}
              for name, shape in output_shapes(servable).items()}
   if fmt == "huggingface":   # transformers' argument and output names; torch.long ids
     inputs = {HF_INPUT_NAMES[k]: v for k, v in inputs.items()}
@@ -277,7 +259,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
           "max_input_chars_per_word": 200 if servable.vocab_file else None,
           "special_tokens": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
                              "mask": "[MASK]"},
-          "input_format": _INPUT_FORMAT[servable.kind],
+          "input_format": servable.input_format,
           "reference": "bert_jax.text.tokenization (FullTokenizer: the original BERT tokenizer "
                        "as Hugging Face's slow BertTokenizer) + bert_jax.text.pairs.encode_pairs",
       },
@@ -287,17 +269,7 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
     description["platforms"] = list(platforms)
     description["dynamic"] = ("batch and length are free; length <= max_position_embeddings; "
                               "the model was trained on lengths <= max_seq_length")
-  config = servable.task_config
-  if servable.kind == "span" and config is not None:
-    description["span"] = {k: config.get(k) for k in (
-        "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
-    from bert_jax.tasks import squad
-    threshold_file = filesystem.join(servable.source, squad.THRESHOLD_FILE)
-    if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
-      description["span"].update(json.loads(filesystem.read_text(threshold_file)))
-  if servable.kind == "tagging" and config is not None:
-    description["tagging"] = {"scheme": config.data.get("scheme"),
-                              "document_context": config.get("document_context")}
+  description.update(servable.notes)   # the task's own: SQuAD's windows, NER's scheme
   return description
 
 

@@ -162,5 +162,5 @@ def tune_null_threshold(gold: Mapping[str, Sequence[str]], best_non_null: Mappin
 
 
 def gold_from_examples(examples) -> Dict[str, List[str]]:
-  """qid -> gold answer texts, from `bert_jax.tasks.squad.SquadExample`s."""
+  """qid -> gold answer texts, from `bert_jax.tasks.datasets.squad.SquadExample`s."""
   return {ex.qas_id: [text for text, _ in ex.answers] for ex in examples}

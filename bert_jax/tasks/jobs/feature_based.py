@@ -1,7 +1,7 @@
 """The feature-based approach (paper section 5.3, Table 7): a frozen BERT feeds a BiLSTM tagger.
 
-1. `extract`: the encoder runs ONCE over every sentence of a split (NER rows from `bert_jax.tasks.ner`,
-   optionally with document context) and the hidden states of every layer (embeddings + L
+1. `extract`: the encoder runs ONCE (`runtime.inference`) over every sentence of a split (NER rows
+   from `bert_jax.tasks.datasets.ner`, optionally with document context) and the hidden states of every layer (embeddings + L
    layers) at each word's first WordPiece are cached on disk as float16
    (`CACHE_DIR/<split>.npz`, keyed by checkpoint, data and settings). The encoder gets no
    gradient, so recomputing it every step (the loop's `freeze_encoder`) would only cost time.
@@ -30,12 +30,11 @@ import numpy as np
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.tasks import finetuning
+from bert_jax.tasks.framework import finetuning
 from bert_jax.model import heads
-from bert_jax.model import modeling
-from bert_jax.tasks import ner
+from bert_jax.tasks.datasets import ner
 from bert_jax.model import ops
-from bert_jax.runtime import optim, outputs
+from bert_jax.runtime import inference, optim, outputs
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings
@@ -128,36 +127,26 @@ class WordFeatures:
   label_ids: np.ndarray
 
 
-def _encode_fn(bert_config):
-  model = modeling.BertModel(bert_config, add_pooling_layer=False)
-
-  @jax.jit
-  def encode(params, input_ids, input_mask):
-    out = model.apply({"params": params}, input_ids, input_mask, deterministic=True,
-                      output_hidden_states=True)
-    return out["hidden_states"].astype(jnp.float16)                 # [L+1, B, S, H]
-  return encode
-
-
 def extract(bert_config, encoder_params, tokenizer, sentences: Sequence[ner.Sentence],
             labels: Sequence[str], max_seq_length: int, document_context: bool,
             batch_size: int = 32) -> WordFeatures:
   """Runs the frozen encoder once and keeps each word's first-piece vector of every layer."""
   arrays, example_index, word_index = ner.convert_to_features(
       sentences, tokenizer, labels, max_seq_length, document_context)
-  encode = _encode_fn(bert_config)
+  encoder = inference.BatchedInference(
+      inference.encoder_hidden_states(bert_config, jnp.float16), batch_size)
   offsets = np.concatenate([[0], np.cumsum([len(s.words) for s in sentences])])
   num_layers = bert_config.num_hidden_layers + 1
   vectors = np.zeros((offsets[-1], num_layers, bert_config.hidden_size), np.float16)
+  model_inputs = {k: arrays[k] for k in inference.MODEL_INPUTS}
   n = len(example_index)
   for start in range(0, n, batch_size):
     rows = np.arange(start, min(start + batch_size, n))
-    padded = np.concatenate([rows, np.zeros(batch_size - len(rows), np.int64)])  # fixed shape
-    hidden = np.asarray(encode(encoder_params, arrays["input_ids"][padded],
-                               arrays["input_mask"][padded]))[:, :len(rows)]     # [L+1, b, S, H]
+    hidden = encoder.batch(encoder_params, model_inputs, rows,
+                           max_seq_length)["hidden_states"]                  # [b, L+1, S, H]
     r, p = np.nonzero(word_index[rows] >= 0)
     words = offsets[example_index[rows][r]] + word_index[rows][r, p]
-    vectors[words] = np.transpose(hidden[:, r, p], (1, 0, 2))                  # [words, L+1, H]
+    vectors[words] = hidden[r, :, p]                                          # [words, L+1, H]
   label_to_id = {label: i for i, label in enumerate(labels)}
   label_ids = np.array([label_to_id.get(t, IGNORE_LABEL) for s in sentences for t in s.labels],
                        np.int32)
