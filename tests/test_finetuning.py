@@ -211,6 +211,31 @@ def test_left_to_right_ablation_fine_tunes_with_causal_attention():
   assert finetuning.bert_config_for(config, pretrained).causal_attention
 
 
+def test_config_model_kernels_reach_the_task_head(data):
+  """`--config.model.kernels` names the head's dropout and output layer too: the head built by
+  the task's make_head() (which sets no kernels) runs the encoder's choice."""
+  import flax.linen as nn
+  from bert_jax.model import kernels
+  config = _config(data)
+  config.model.kernels = "textbook"
+  job = finetuning.make_job(glue.get_task(config), config)
+  assert job.model.bert_config.kernels == job.model.head.kernels == "textbook"
+  called = []
+
+  def record(next_fun, args, kwargs, context):
+    called.append((context.module.path[:1], type(context.module)))
+    return next_fun(*args, **kwargs)
+
+  state = job.init_state()
+  with nn.intercept_methods(record):
+    job.model.apply({"params": state.params}, job.example_batch(2), deterministic=False,
+                    rngs={"dropout": jax.random.PRNGKey(0)})
+  head_dropouts = {kind for path, kind in called if path == ("head",)
+                   and issubclass(kind, (nn.Dropout, kernels.select("tuned").Dropout))}
+  assert head_dropouts == {kernels.select("textbook").Dropout} != {
+      kernels.select("tuned").Dropout}
+
+
 def test_causal_pooler_reads_the_last_real_token():
   """Under causal attention [CLS] sees only itself; the pooled output (what classifiers read)
   must come from the last real token, so it changes with any token of the input."""

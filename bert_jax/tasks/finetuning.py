@@ -178,6 +178,13 @@ class FineTuningModel(nn.Module):
   output_hidden_states: bool = False
   freeze_encoder: bool = False
 
+  def __post_init__(self):
+    # A head's `kernels` (its dropout and output layer) is the encoder's choice, whatever the
+    # task's make_head() left it at: `--config.model.kernels` names every module of the model.
+    if _has_field(self.head, "kernels") and self.head.kernels != self.bert_config.kernels:
+      object.__setattr__(self, "head", self.head.clone(kernels=self.bert_config.kernels))
+    super().__post_init__()
+
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
     ids = batch["input_ids"]
@@ -196,6 +203,10 @@ class FineTuningModel(nn.Module):
     if self.freeze_encoder:
       outputs = jax.lax.stop_gradient(outputs)
     return self.head(outputs, batch, deterministic)
+
+
+def _has_field(module: nn.Module, name: str) -> bool:
+  return any(f.name == name for f in dataclasses.fields(module))
 
 
 # ----------------------------------------------------------------------------------- steps
