@@ -247,7 +247,8 @@ def jax_config(args, info: dict):
   c.global_batch_size, c.eval_batch_size = args.batch, EVAL_BATCH
   c.learning_rate, c.seed = args.lr, args.seed
   c.data.input_files, c.data.eval_input_files = paths["train.tfrecord"], paths["eval.tfrecord"]
-  c.data.vocab_file, c.data.do_lower_case, c.data.masking = paths["vocab.txt"], True, "dynamic"
+  c.tokenizer.vocab_file, c.tokenizer.do_lower_case = paths["vocab.txt"], True
+  c.data.masking = "dynamic"
   c.data.shuffle_buffer_size = 10_000
   c.eval_steps = info["eval_batches"]
   c.log_every_steps = args.log_every
@@ -846,7 +847,7 @@ def glue_config(args, side: str, task: str, train_examples: int):
   from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task},seeds={args.seeds}")
   c.init_checkpoint = checkpoint_of(args, side)
-  c.vocab_file, c.do_lower_case = data_paths(args.out)["vocab.txt"], True
+  c.tokenizer.vocab_file, c.tokenizer.do_lower_case = data_paths(args.out)["vocab.txt"], True
   c.data.glue_dir = args.glue_dir
   c.max_seq_length, c.length_bucket = args.ft_max_seq, args.ft_length_bucket
   c.global_batch_size, c.eval_batch_size = args.ft_batch, 64

@@ -132,7 +132,8 @@ def test_vocabulary_size_mismatch_is_a_clear_error(data, tmp_path):
   with pytest.raises(ValueError, match=r"vocab.txt has 41 entries but the checkpoint .* has "
                                        r"vocab_size=40"):
     tasks.run(config, str(tmp_path / "w"))
-  config.init_checkpoint, config.vocab_file = data["ckpt"], str(tmp_path / "ckpt" / "vocab.txt")
+  config.init_checkpoint = data["ckpt"]
+  config.tokenizer.vocab_file = str(tmp_path / "ckpt" / "vocab.txt")
   with pytest.raises(ValueError, match="do not belong together"):
     tasks.run(config, str(tmp_path / "w2"))
 

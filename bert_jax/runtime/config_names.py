@@ -65,21 +65,21 @@ def upgraded(values: Dict[str, Any]) -> Dict[str, Any]:
   """A config saved under the old names (e.g. an older best/task_config.json) under the new ones:
   what a run wrote is data, read as it was meant; only what a user sets must use the new names."""
   config = ml_collections.ConfigDict(values)
-  moved = {}
   for old, new in RENAMED.items():
     parent, name = _parent(config, old)
     if parent is None or name not in parent:
       continue
     value = parent[name]
     del parent[name]
-    if value is not None and value != "" and _value(config, new) in (None, ""):
-      moved[new] = value
-  for path, value in moved.items():
-    parent, name = _parent(config, path)
-    if parent is None:
-      config[path.split(".")[0]] = ml_collections.ConfigDict()
-      parent, name = _parent(config, path)
-    parent[name] = value
+    if value is None or _value(config, new) is not None:
+      continue   # a placeholder, or already saved under the new name
+    *blocks, last = new.split(".")
+    target = config
+    for block in blocks:
+      if block not in target:
+        target[block] = ml_collections.ConfigDict()
+      target = target[block]
+    target[last] = value
   return config.to_dict()
 
 

@@ -21,7 +21,7 @@ RUNNERS = {
 
 
 def run(config, workdir):
-  task = config.get("task", "pretraining")
+  task = config.task
   if task not in RUNNERS:
     raise ValueError(f"config.task={task!r}: expected one of {sorted(RUNNERS)}")
   module, function = RUNNERS[task]

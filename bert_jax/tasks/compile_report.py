@@ -136,7 +136,7 @@ def build_job(config, layers: Optional[int] = None) -> Job:
   """The experiment's own job, from the `make_job` its training run calls (what trains is what
   compiles), unrolled at `layers` layers if given (the cost of a scanned step). Fine-tuning
   reads the checkpoint's architecture and a few training examples (for the feature shapes)."""
-  if config.get("task", "pretraining") == "pretraining":
+  if config.task == "pretraining":
     pretraining.check_config(config)
     if layers is not None:
       config = config.copy_and_resolve_references()
@@ -154,11 +154,10 @@ def build_job(config, layers: Optional[int] = None) -> Job:
 
 def _scanned_layers(config) -> int:
   """The layer count when the encoder is a scan over layers (0 when unrolled)."""
-  model = config.get("model", {})
-  if not model.get("scan_layers", False):
+  if not config.model.scan_layers:
     return 0
-  if config.get("task", "pretraining") == "pretraining":
-    return int(model.num_hidden_layers)
+  if config.task == "pretraining":
+    return int(config.model.num_hidden_layers)
   from bert_jax.io import checkpoints
   return checkpoints.load_pretrained_config(config.init_checkpoint).num_hidden_layers
 
@@ -389,11 +388,11 @@ def summary(report: Dict[str, Any]) -> str:
 
 def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
   """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
-  task = config.get("task", "pretraining")
+  task = config.task
   if task != "pretraining" and task not in FINETUNING_TASKS:
     raise ValueError(f"--compile_for compiles pre-training and fine-tuning experiments "
                      f"({sorted(FINETUNING_TASKS)}); config.task={task!r} is not one")
-  if config.get("parallelism", "jit") != "jit":
+  if config.parallelism != "jit":
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)
   devices = topologies.slice_devices(accelerator_type)

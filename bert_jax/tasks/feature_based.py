@@ -326,7 +326,7 @@ def run(config, workdir: str) -> Dict:
            "data": path, "size": filesystem.getsize(path), "mtime": filesystem.mtime(path),
            "limit": limits[split], "max_seq_length": config.max_seq_length,
            "document_context": config.document_context, "labels": labels,
-           "do_lower_case": config.do_lower_case}
+           "do_lower_case": config.tokenizer.do_lower_case}
     data[split] = sentences
     splits[split] = cached_extract(
         cache_dir, key, bert_config=bert_config, encoder_params=encoder, tokenizer=tokenizer,

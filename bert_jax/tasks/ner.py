@@ -317,11 +317,11 @@ def write_conll(path: str, sentences: Sequence[Sentence], predicted: Sequence[Se
 
 
 def labels_for(config) -> List[str]:
-  return list(config.labels) if config.get("labels") else label_list(config.dataset)
+  return list(config.labels) if config.labels else label_list(config.dataset)
 
 
 def split_path(config, split: str) -> str:
-  explicit = config.data.get(f"{split}_file", "")
+  explicit = config.data[f"{split}_file"]
   if explicit:
     return explicit
   key = (config.dataset, config.data.scheme)
@@ -365,7 +365,7 @@ def get_task(config):
       write_predictions=bind(_write),
       best_metric="f1",
       eval_splits=("dev",),
-      test_splits=("test",) if config.data.get("test_file") or config.data.data_dir else (),
+      test_splits=("test",) if config.data.test_file or config.data.data_dir else (),
       token_features=("label_ids",),
       token_outputs=("logits",),
       output_kind="tagging",

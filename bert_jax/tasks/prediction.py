@@ -276,11 +276,11 @@ def format_outputs(model: fine_tuned.FineTuned, examples: Sequence[Any],
 
 def _null_threshold(model: fine_tuned.FineTuned) -> Optional[float]:
   """SQuAD v2.0: the threshold tuned on dev and stored in best/, else the config's."""
-  if model.config.task != "squad" or model.config.get("version") != "2.0":
+  if model.config.task != "squad" or model.config.version != "2.0":
     return None
   from bert_jax.tasks import squad
   return squad.load_null_threshold(model.directory,
-                                   default=model.config.get("null_score_diff_threshold", 0.0))
+                                   default=model.config.null_score_diff_threshold)
 
 
 # ----------------------------------------------------------------------------------- the run

@@ -124,15 +124,17 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
     return _load_encoder(path, dtype, do_lower_case)
   model = fine_tuned.load(best, **({"dtype": dtype} if dtype else {}))
   config = model.config
-  if do_lower_case is not None and do_lower_case != config.do_lower_case:
-    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.do_lower_case}; "
+  if do_lower_case is not None and do_lower_case != config.tokenizer.do_lower_case:
+    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.tokenizer.do_lower_case}; "
                      f"--do_lower_case={do_lower_case} would not tokenize as it was trained")
   apply = lambda params, batch: model.model.apply({"params": params}, batch, deterministic=True)
   return Servable(
       kind=model.kind, source=model.directory, bert_config=model.bert_config,
       params=model.params, apply=apply, task_name=model.task.name, labels=tuple(model.labels),
-      max_seq_length=int(config.max_seq_length), do_lower_case=bool(config.do_lower_case),
-      vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
+      max_seq_length=int(config.max_seq_length),
+      do_lower_case=bool(config.tokenizer.do_lower_case),
+      vocab_file=config.tokenizer.vocab_file or None,
+      spm_model_file=config.tokenizer.spm_model_file or None,
       task_config=config,
       num_choices=len(model.labels) if model.kind == "multiple_choice" else 0)
 
@@ -289,15 +291,15 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
                               "the model was trained on lengths <= max_seq_length")
   config = servable.task_config
   if servable.kind == "span" and config is not None:
-    description["span"] = {k: config.get(k) for k in (
+    description["span"] = {k: config[k] for k in (
         "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
     from bert_jax.tasks import squad
     threshold_file = filesystem.join(servable.source, squad.THRESHOLD_FILE)
     if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
       description["span"].update(json.loads(filesystem.read_text(threshold_file)))
   if servable.kind == "tagging" and config is not None:
-    description["tagging"] = {"scheme": config.data.get("scheme"),
-                              "document_context": config.get("document_context")}
+    description["tagging"] = {"scheme": config.data.scheme,
+                              "document_context": config.document_context}
   return description
 
 

@@ -651,7 +651,7 @@ def get_task(config):
       write_predictions=bind(_write_predictions),
       best_metric="f1",
       eval_splits=("dev",),
-      test_splits=("test",) if config.data.get("test_file") else (),
+      test_splits=("test",) if config.data.test_file else (),
       token_outputs=("start_logits", "end_logits"),
       output_kind="span")
 
