@@ -69,16 +69,14 @@ def variant_names(config) -> List[str]:
 
 def pretraining_config(config, name: str) -> ml_collections.ConfigDict:
   """`config.pretraining` with the variant's overrides."""
-  c = ml_collections.ConfigDict(config.pretraining.to_dict())
-  c.update_from_flattened_dict(VARIANTS[name][1])
-  return c
+  return config_names.replaced(config.pretraining, VARIANTS[name][1])
 
 
 def _finetuning_config(template, checkpoint: str, vocab_file: str, causal: bool):
-  c = ml_collections.ConfigDict(template.to_dict())
-  c.init_checkpoint, c.tokenizer.vocab_file = checkpoint, vocab_file
-  c.model.causal_attention = causal   # LTR is fine-tuned left to right, as in the paper
-  return c
+  # LTR is fine-tuned left to right, as in the paper.
+  return config_names.replaced(template, {"init_checkpoint": checkpoint,
+                                          "tokenizer.vocab_file": vocab_file,
+                                          "model.causal_attention": causal})
 
 
 def _finished(workdir: str) -> Optional[Dict]:
@@ -97,9 +95,9 @@ def _common_masking_eval(pre_config, pre_dir: str, workdir: str) -> Dict[str, fl
   done = _last_eval(workdir)  # {} until it ran (read_metrics: no file, no records)
   if done:
     return done
-  c = ml_collections.ConfigDict(pre_config.to_dict())
-  c.init_checkpoint, c.data.mask_mixture = pre_dir, COMMON_MASKING
-  c.num_train_steps, c.eval_before_training = 0, True
+  c = config_names.replaced(pre_config, {
+      "init_checkpoint": pre_dir, "data.mask_mixture": COMMON_MASKING, "num_train_steps": 0,
+      "eval_before_training": True})
   pretraining.train_and_evaluate(c, workdir)
   return _last_eval(workdir)
 

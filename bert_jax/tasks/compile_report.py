@@ -51,7 +51,7 @@ from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
-from bert_jax.runtime import outputs
+from bert_jax.runtime import config_names, outputs
 from bert_jax.runtime.job import Job
 from bert_jax.tasks import pretraining
 
@@ -139,8 +139,8 @@ def build_job(config, layers: Optional[int] = None) -> Job:
   if config.task == "pretraining":
     pretraining.check_config(config)
     if layers is not None:
-      config = config.copy_and_resolve_references()
-      config.model.update(num_hidden_layers=layers, scan_layers=False)
+      config = config_names.replaced(config, {"model.num_hidden_layers": layers,
+                                              "model.scan_layers": False})
     return pretraining.make_job(config)
   from bert_jax.tasks import finetuning
   finetuning.check_config(config)
@@ -173,8 +173,7 @@ class _Compiler:
 
   def _train_and_eval(self, global_batch: int, layers: Optional[int] = None,
                       with_eval: bool = True):
-    config = self.config.copy_and_resolve_references()
-    config.global_batch_size = global_batch
+    config = config_names.replaced(self.config, {"global_batch_size": global_batch})
     par = self.target.par
     job = build_job(config, layers)
     abstract_state = jax.eval_shape(job.init_state)

@@ -815,9 +815,7 @@ def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
   filesystem.makedirs(workdir)
   runs = {}
   for i in range(count):
-    seed_config = ml_collections.ConfigDict(config.to_dict())
-    seed_config.seed = config.seed + i
-    seed_config.seeds = 1
+    seed_config = config_names.replaced(config, {"seed": config.seed + i, "seeds": 1})
     runs[seed_config.seed] = run_one(seed_config,
                                      filesystem.join(workdir, f"seed_{seed_config.seed}"))
     if runs[seed_config.seed].get("preempted"):
