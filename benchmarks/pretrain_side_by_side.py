@@ -102,10 +102,10 @@ def set_dropout(config, rate: float) -> None:
 
 def prepare_data(config, workdir: str) -> None:
   """Builds the demo corpus into WORKDIR/data once (later runs reuse it) and points config at it."""
-  if config.data.get("prepare_demo_corpus"):
+  if config.data.prepare_demo_corpus:
     from data_pipelines import demo_corpus
     os.makedirs(workdir, exist_ok=True)
-    demo_corpus.prepare(config, workdir)
+    config.update_from_flattened_dict(demo_corpus.prepare(config, workdir))
 
 
 def take_batches(config, count: int) -> List[Batch]:

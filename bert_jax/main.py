@@ -28,8 +28,9 @@ remote_storage.configure(leave_at_once_after_error=True)
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+# Locked: `--config.x` of a field the experiment does not declare is an error, not a new field.
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (get_config).",
-                                          lock_config=False)
+                                          lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 (multi-host outside TPU VMs).")
@@ -59,7 +60,7 @@ def main(argv):
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   elif mode == "tpu_pod":
     jax.distributed.initialize()  # TPU VM pod slices configure themselves
-  prng_impl = _CONFIG.value.get("prng_impl", "")
+  prng_impl = _CONFIG.value.prng_impl
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams
     jax.config.update("jax_default_prng_impl", prng_impl)
   if _COMPILE_FOR.value:

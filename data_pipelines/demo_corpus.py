@@ -9,7 +9,7 @@ vocabulary and dynamic-masking TFRecords) inside the workdir, once; later runs r
 import ast
 import os
 import sysconfig
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List
 
 from data_pipelines.sentences import split_sentences
 
@@ -59,15 +59,16 @@ def documents(max_documents: int = 0) -> Iterator[List[str]]:
       return
 
 
-def prepare(config, workdir: str) -> None:
+def prepare(config, workdir: str) -> Dict[str, Any]:
   """Builds the demo's vocabulary and dynamic-masking records in WORKDIR/data (once).
 
-  Fills in `config.data.input_files`, `eval_input_files`, `vocab_file` and sets
-  `config.model.vocab_size` to the learned vocabulary's size (data_pipelines/workdir_data.py).
-  With `config.data.vocab_file` (or `spm_model_file`) given, the records use that vocabulary
-  instead: continued pre-training of a released checkpoint on this corpus.
+  Returns the config changes that read them: `data.input_files`, `eval_input_files`,
+  `tokenizer.vocab_file` and `model.vocab_size`, the learned vocabulary's size
+  (data_pipelines/workdir_data.py). With `config.tokenizer.vocab_file` (or `spm_model_file`)
+  given, the records use that vocabulary instead: continued pre-training of a released
+  checkpoint on this corpus.
   """
   from data_pipelines import workdir_data
-  workdir_data.prepare(config, workdir,
-                       lambda: documents(config.data.get("demo_max_documents", 0)),
-                       "the demo corpus (Python's documentation)")
+  return workdir_data.prepare(config, workdir,
+                              lambda: documents(config.data.demo_max_documents),
+                              "the demo corpus (Python's documentation)")

@@ -2,12 +2,12 @@
 
 Used by the demo (Python's documentation) and by continued pre-training on a user's text files
 (`config.data.text_files`). Every `holdout_every`-th document goes to the held-out split; the
-vocabulary is the run's (`config.data.vocab_file` / `spm_model_file`, e.g. a checkpoint's) or,
+vocabulary is the run's (`config.tokenizer.vocab_file` / `spm_model_file`, e.g. a checkpoint's) or,
 if none is given, a WordPiece vocabulary of `config.model.vocab_size` learned on the training
 documents. Records use dynamic masking. A later run (a resume) finds WORKDIR/data/DONE and
 reuses the files, so the data never changes under a running experiment.
 """
-from typing import Callable, Iterable, List, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 from bert_jax.io import filesystem
 from bert_jax.text import tokenization
@@ -32,8 +32,10 @@ def write_corpus(documents: Iterable[List[str]], train_path: str, eval_path: str
 
 
 def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
-            description: str) -> None:
-  """Builds WORKDIR/data once and points `config.data` (and `config.model.vocab_size`) at it.
+            description: str) -> Dict[str, Any]:
+  """Builds WORKDIR/data once; returns the config changes that point a run at it
+  ({"data.input_files": ..., "tokenizer.vocab_file": ..., "model.vocab_size": ...}: apply them
+  with `config.update_from_flattened_dict` or `config_names.replaced`). `config` is not changed.
 
   documents: called only when the data is built (a resume never reads the corpus again).
   """
@@ -41,12 +43,12 @@ def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
   data_dir = filesystem.join(workdir, "data")
   paths = {name: filesystem.join(data_dir, name)
            for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
-  given_vocab = config.data.get("vocab_file") or config.data.get("spm_model_file")
+  given_vocab = config.tokenizer.vocab_file or config.tokenizer.spm_model_file
   if not filesystem.exists(filesystem.join(data_dir, DONE)):
     filesystem.makedirs(data_dir)
     print(f"Building pre-training records from {description} in {data_dir} ...", flush=True)
     train_docs, eval_docs = write_corpus(documents(), paths["train.txt"], paths["eval.txt"],
-                                         config.data.get("holdout_every", 20))
+                                         config.data.holdout_every)
     if not given_vocab:
       build_vocab.train_wordpiece([paths["train.txt"]], paths["vocab.txt"],
                                   vocab_size=config.model.vocab_size, do_lower_case=True)
@@ -56,27 +58,29 @@ def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
           [paths[f"{split}.txt"]], [paths[f"{split}.tfrecord"]], tokenizer,
           max_seq_length=config.max_seq_length,
           max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
-          dupe_factor=config.data.get("dupe_factor", 5) if split == "train" else 1,
+          dupe_factor=config.data.dupe_factor if split == "train" else 1,
           masking="dynamic", progress=False)
     filesystem.write_text(filesystem.join(data_dir, DONE),
                           f"{train_docs} train documents, {eval_docs} eval documents\n")
+  changes: Dict[str, Any] = {
+      "data.input_files": paths["train.tfrecord"],
+      # Evaluation on other held-out records (e.g. another corpus's) when the config names them.
+      "data.eval_input_files": config.data.eval_input_files or paths["eval.tfrecord"],
+      "data.masking": "dynamic"}
   if not given_vocab:
-    config.data.vocab_file, config.data.do_lower_case = paths["vocab.txt"], True
-    config.model.vocab_size = _tokenizer(config, paths["vocab.txt"]).vocab_size
+    changes.update({"tokenizer.vocab_file": paths["vocab.txt"], "tokenizer.do_lower_case": True,
+                    "model.vocab_size": _tokenizer(config, paths["vocab.txt"]).vocab_size})
   else:  # a copy in WORKDIR/data: fine-tuning from this workdir finds its vocabulary there
-    name = "vocab.txt" if config.data.get("vocab_file") else "spm.model"
+    name = "vocab.txt" if config.tokenizer.vocab_file else "spm.model"
     copy = filesystem.join(data_dir, name)
     if not filesystem.exists(copy):
       filesystem.copy(given_vocab, copy)
-  config.data.input_files = paths["train.tfrecord"]
-  # Evaluation on other held-out records (e.g. another corpus's) when the config names them.
-  config.data.eval_input_files = config.data.get("eval_input_files") or paths["eval.tfrecord"]
-  config.data.masking = "dynamic"
+  return changes
 
 
 def _tokenizer(config, learned_vocab: str):
-  if config.data.get("vocab_file") or config.data.get("spm_model_file"):
-    return tokenization.create_tokenizer(vocab_file=config.data.get("vocab_file") or None,
-                                         spm_model_file=config.data.get("spm_model_file") or None,
-                                         do_lower_case=config.data.do_lower_case)
+  if config.tokenizer.vocab_file or config.tokenizer.spm_model_file:
+    return tokenization.create_tokenizer(vocab_file=config.tokenizer.vocab_file or None,
+                                         spm_model_file=config.tokenizer.spm_model_file or None,
+                                         do_lower_case=config.tokenizer.do_lower_case)
   return tokenization.FullTokenizer(learned_vocab, do_lower_case=True)

@@ -35,6 +35,7 @@ def get_config(arg=None):
   args = finetuning_defaults.parse_arg(arg, quick=False)
   c = ml_collections.ConfigDict()
   c.task = "ablations"
+  c.prng_impl = ""                     # for every piece of the study (common_defaults.py)
   c.variants = f"{TABLE5},{C2}"        # names of bert_jax/tasks/jobs/ablations.py VARIANTS
   c.pretraining = pretrain_demo.get_config("quick" if args["quick"] else None)
   c.pretraining.eval_steps = 0         # the whole held-out set at the end

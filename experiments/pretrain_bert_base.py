@@ -2,7 +2,8 @@ r"""BERT-base pre-training with the paper's recipe (spec section 4).
 
 Phase 1, 90% of the steps at 128 tokens:
   python -m bert_jax.main --config=experiments/pretrain_bert_base.py:phase=1 --workdir=gs://b/p1 \
-    --config.data.input_files='gs://b/data/seq128/*.tfrecord' --config.data.vocab_file=vocab.txt
+    --config.data.input_files='gs://b/data/seq128/*.tfrecord' \
+    --config.tokenizer.vocab_file=vocab.txt
 Phase 2, the last 10% at 512 tokens, initialised from phase 1's workdir:
   python -m bert_jax.main --config=experiments/pretrain_bert_base.py:phase=2 --workdir=gs://b/p2 \
     --config.init_checkpoint=gs://b/p1 --config.data.input_files='gs://b/data/seq512/*.tfrecord'

@@ -6,8 +6,8 @@ The corpus is Python's own documentation (the language reference topics and the 
 library's docstrings, ~2,000 documents, 1.5 MB; see data_pipelines/demo_corpus.py). The first run
 learns an 8k WordPiece vocabulary and writes dynamic-masking records to WORKDIR/data, then trains
 a BERT-tiny-sized model (L=2, H=128, A=2) with MLM + NSP for 3,000 steps of 32 x 128 tokens.
-Point it at your own corpus with `--config.data.input_files=... --config.data.vocab_file=...
---config.data.prepare_demo_corpus=False`.
+Point it at your own corpus with `--config.data.input_files=...
+--config.tokenizer.vocab_file=... --config.data.prepare_demo_corpus=False`.
 Interrupt it any time; the same command resumes exactly.
 
 Expected result (measured on an idle 2-core CPU, 2026-11-24): held-out masked-LM accuracy 0.149

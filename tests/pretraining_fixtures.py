@@ -90,8 +90,8 @@ def tiny_config(data_dir, **overrides):
   c.global_batch_size, c.eval_batch_size = 8, 16
   c.num_train_steps, c.warmup_steps, c.learning_rate = 12, 2, 5e-3
   c.log_every_steps, c.checkpoint_every_steps, c.eval_every_steps, c.eval_steps = 1, 4, 6, 0
-  c.data.input_files, c.data.eval_input_files, c.data.vocab_file = train, eval_file, vocab
-  c.data.do_lower_case = False
+  c.data.input_files, c.data.eval_input_files, c.tokenizer.vocab_file = train, eval_file, vocab
+  c.tokenizer.do_lower_case = False
   c.data.shuffle_buffer_size = 64
   for key, value in overrides.items():
     target = c

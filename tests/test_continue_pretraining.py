@@ -16,9 +16,10 @@ from experiments import continue_pretraining
 from tests import finetuning_fixtures as fx
 
 
-def _config(checkpoint, **data):
+def _config(checkpoint, vocab_file="", **data):
   c = continue_pretraining.get_config("quick")
   c.init_checkpoint = checkpoint
+  c.tokenizer.vocab_file = vocab_file
   c.data.update(data)
   return c
 
@@ -62,7 +63,10 @@ def test_heads_missing_from_the_checkpoint_are_named(tmp_path, capsys):
   pretraining.train_and_evaluate(c, str(tmp_path / "run"))
   out = capsys.readouterr().out
   assert "has no cls/predictions, cls/seq_relationship: initialised from scratch" in out
-  assert "cased)" in out and c.data.do_lower_case is False      # tokenizer_config.json's casing
+  assert "cased)" in out                                         # tokenizer_config.json's casing
+  # The casing is derived for the run; the config given is left as it was.
+  assert pretraining.adopt_checkpoint(c)["tokenizer.do_lower_case"] is False
+  assert c.tokenizer.do_lower_case is True and c.model.hidden_size == 768
 
 
 def test_a_longer_sequence_than_the_position_table_is_a_clear_error(tmp_path):

@@ -96,3 +96,28 @@ def test_quick_run_every_choice_and_cache(tiny_checkpoint, tmp_path):
   again = tasks.run(config, str(tmp_path))
   assert [os.path.getmtime(tmp_path / "features" / f) for f in cached] == mtimes
   assert sorted(os.listdir(tmp_path / "features")) == cached and again["dev"] == {}
+
+
+def test_the_tagger_takes_config_model_kernels():
+  """`--config.model.kernels` names the tagger's dropout and output layer too (it built the
+  hand-tuned dropout whatever the config said)."""
+  import flax.linen as nn
+  from bert_jax.model import kernels
+  config = experiment.get_config("quick")
+  config.model.kernels = "textbook"
+  words = feature_based.WordFeatures(np.zeros((6, 3, 8), np.float16), np.array([0, 3, 6]),
+                                     np.zeros(6, np.int32))
+  job = feature_based.make_job("last", config, words, words, [], ["O", "B-X"], num_layers=2)
+  assert job.model.kernels == "textbook"
+  called = set()
+
+  def record(next_fun, args, kwargs, context):
+    called.add(type(context.module))
+    return next_fun(*args, **kwargs)
+
+  state = job.init_state()
+  with nn.intercept_methods(record):
+    job.model.apply({"params": state.params}, job.example_batch(2), deterministic=False,
+                    rngs={"dropout": jax.random.PRNGKey(0)})
+  assert kernels.select("textbook").Dropout in called
+  assert kernels.select("tuned").Dropout not in called

@@ -136,7 +136,8 @@ def test_vocabulary_size_mismatch_is_a_clear_error(data, tmp_path):
   with pytest.raises(ValueError, match=r"vocab.txt has 41 entries but the checkpoint .* has "
                                        r"vocab_size=40"):
     tasks.run(config, str(tmp_path / "w"))
-  config.init_checkpoint, config.vocab_file = data["ckpt"], str(tmp_path / "ckpt" / "vocab.txt")
+  config.init_checkpoint = data["ckpt"]
+  config.tokenizer.vocab_file = str(tmp_path / "ckpt" / "vocab.txt")
   with pytest.raises(ValueError, match="do not belong together"):
     tasks.run(config, str(tmp_path / "w2"))
 
@@ -213,6 +214,31 @@ def test_left_to_right_ablation_fine_tunes_with_causal_attention():
   assert not finetuning.bert_config_for(config, pretrained).causal_attention
   config.model.causal_attention = True   # a model pre-trained with --config.objective=ltr
   assert finetuning.bert_config_for(config, pretrained).causal_attention
+
+
+def test_config_model_kernels_reach_the_task_head(data):
+  """`--config.model.kernels` names the head's dropout and output layer too: the head built by
+  the task's make_head() (which sets no kernels) runs the encoder's choice."""
+  import flax.linen as nn
+  from bert_jax.model import kernels
+  config = _config(data)
+  config.model.kernels = "textbook"
+  job = finetuning.make_job(glue.get_task(config), config)
+  assert job.model.bert_config.kernels == job.model.head.kernels == "textbook"
+  called = []
+
+  def record(next_fun, args, kwargs, context):
+    called.append((context.module.path[:1], type(context.module)))
+    return next_fun(*args, **kwargs)
+
+  state = job.init_state()
+  with nn.intercept_methods(record):
+    job.model.apply({"params": state.params}, job.example_batch(2), deterministic=False,
+                    rngs={"dropout": jax.random.PRNGKey(0)})
+  head_dropouts = {kind for path, kind in called if path == ("head",)
+                   and issubclass(kind, (nn.Dropout, kernels.select("tuned").Dropout))}
+  assert head_dropouts == {kernels.select("textbook").Dropout} != {
+      kernels.select("tuned").Dropout}
 
 
 def test_causal_pooler_reads_the_last_real_token():

@@ -28,7 +28,8 @@ def glue_config(args, side: str, task: str, train_examples: int):
   from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task},seeds={args.seeds}")
   c.init_checkpoint = checkpoint_of(args, side)
-  c.vocab_file, c.do_lower_case = prepared.data_paths(args.out)["vocab.txt"], True
+  c.tokenizer.vocab_file = prepared.data_paths(args.out)["vocab.txt"]
+  c.tokenizer.do_lower_case = True
   c.data.glue_dir = args.glue_dir
   c.max_seq_length, c.length_bucket = args.ft_max_seq, args.ft_length_bucket
   c.global_batch_size, c.eval_batch_size = args.ft_batch, 64

@@ -41,7 +41,8 @@ def jax_config(args, info: dict):
   c.global_batch_size, c.eval_batch_size = args.batch, common.EVAL_BATCH
   c.learning_rate, c.seed = args.lr, args.seed
   c.data.input_files, c.data.eval_input_files = paths["train.tfrecord"], paths["eval.tfrecord"]
-  c.data.vocab_file, c.data.do_lower_case, c.data.masking = paths["vocab.txt"], True, "dynamic"
+  c.tokenizer.vocab_file, c.tokenizer.do_lower_case = paths["vocab.txt"], True
+  c.data.masking = "dynamic"
   c.data.shuffle_buffer_size = 10_000
   c.eval_steps = info["eval_batches"]
   c.log_every_steps = args.log_every

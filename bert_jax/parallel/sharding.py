@@ -47,8 +47,8 @@ Rules = Sequence[Tuple[str, Optional[str]]]
 
 
 def model_parallelism(config=None) -> int:
-  """`config.model_parallelism` (devices along `model`); 1 without a config or the field."""
-  value = 1 if config is None else config.get("model_parallelism", 1)
+  """`config.model_parallelism` (devices along `model`); 1 without a config."""
+  value = 1 if config is None else config.model_parallelism
   if not isinstance(value, int) or value < 1:
     raise ValueError(f"config.model_parallelism={value!r}: expected a positive integer")
   return value
@@ -94,7 +94,7 @@ def create_mesh(config=None, devices=None) -> Mesh:
 def logical_axis_rules(config=None) -> Rules:
   """`config.logical_axis_rules` if given (pairs of logical name, mesh axis or None), else
   `DEFAULT_RULES`."""
-  rules = None if config is None else config.get("logical_axis_rules")
+  rules = None if config is None else config.logical_axis_rules
   return tuple((name, axis) for name, axis in rules) if rules else DEFAULT_RULES
 
 
@@ -137,7 +137,7 @@ def _fit(logical: P, shape: Tuple[int, ...], mesh: Mesh, rules: Rules) -> P:
 
 def fsdp(config=None) -> bool:
   """`config.fsdp`: parameters, gradients and optimizer moments sharded along `data` too."""
-  value = False if config is None else config.get("fsdp", False)
+  value = False if config is None else config.fsdp
   if not isinstance(value, bool):
     raise ValueError(f"config.fsdp={value!r}: expected True or False")
   return value

@@ -168,7 +168,7 @@ class PmapParallel:
 
 
 def create(config) -> "JitParallel | PmapParallel":
-  name = config.get("parallelism", "jit")
+  name = config.parallelism
   if name == "jit":
     return JitParallel(config)
   if name == "pmap":

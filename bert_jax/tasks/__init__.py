@@ -11,6 +11,6 @@ from bert_jax.tasks import registry
 
 
 def run(config, workdir):
-  run_task = registry.runner(config.get("task", "pretraining"))
+  run_task = registry.runner(config.task)
   environment.record(workdir)  # what the numbers depend on beyond the config
   return run_task(config, workdir)

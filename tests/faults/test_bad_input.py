@@ -220,7 +220,7 @@ def checkpoints(tmp_path_factory):
 def test_a_vocabulary_that_does_not_match_the_checkpoint(checkpoints, tmp_path, experiment):
   checkpoint, other_vocab = checkpoints
   config = experiment.get_config("quick")
-  config.init_checkpoint, config.vocab_file = checkpoint, other_vocab
+  config.init_checkpoint, config.tokenizer.vocab_file = checkpoint, other_vocab
   with pytest.raises(ValueError, match=r"other_vocab\.txt has 41 entries but the checkpoint "
                                        r".*ckpt has vocab_size=40: they do not belong together"):
     tasks.run(copy.deepcopy(config), str(tmp_path / "workdir"))

@@ -31,6 +31,7 @@ from absl import logging
 from bert_jax.io import filesystem
 from bert_jax.tasks.framework import finetuning
 from bert_jax.tasks.framework.task import Task, columns, text_field
+from bert_jax.runtime import config_names
 from bert_jax.text import pairs
 from bert_jax.model import heads
 
@@ -419,9 +420,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> Dict:
   filesystem.makedirs(submission_dir)
   results = {}
   for name in [t.strip() for t in config.glue_tasks.split(",") if t.strip()]:
-    task_config = ml_collections.ConfigDict(config.to_dict())
-    task_config.task = "glue"
-    task_config.data.glue_task = name
+    task_config = config_names.replaced(config, {"task": "glue", "data.glue_task": name})
     task_dir = filesystem.join(workdir, name)
     results[name] = run(task_config, task_dir)
     for _, filename in spec_for(name).submissions:

@@ -317,11 +317,11 @@ def write_conll(path: str, sentences: Sequence[Sentence], predicted: Sequence[Se
 
 
 def labels_for(config) -> List[str]:
-  return list(config.labels) if config.get("labels") else label_list(config.dataset)
+  return list(config.labels) if config.labels else label_list(config.dataset)
 
 
 def split_path(config, split: str) -> str:
-  explicit = config.data.get(f"{split}_file", "")
+  explicit = config.data[f"{split}_file"]
   if explicit:
     return explicit
   key = (config.dataset, config.data.scheme)
@@ -364,7 +364,7 @@ class NerTask(Task):
     super().__init__(config)
     self.name = f"ner_{config.dataset}"
     self.labels = tuple(labels_for(config))
-    self.test_splits = (("test",) if config.data.get("test_file") or config.data.data_dir
+    self.test_splits = (("test",) if config.data.test_file or config.data.data_dir
                         else ())
 
   def read_examples(self, split):
@@ -405,8 +405,8 @@ class NerTask(Task):
 
   def signature_notes(self, directory):
     del directory
-    return {"tagging": {"scheme": self.config.data.get("scheme"),
-                        "document_context": self.config.get("document_context")}}
+    return {"tagging": {"scheme": self.config.data.scheme,
+                        "document_context": self.config.document_context}}
 
 
 TASK = NerTask

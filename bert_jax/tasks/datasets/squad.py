@@ -677,7 +677,7 @@ class SquadTask(Task):
       raise ValueError(f"config.version={config.version!r}: expected '1.1' or '2.0'")
     super().__init__(config)
     self.name = f"squad_v{config.version}"
-    self.test_splits = ("test",) if config.data.get("test_file") else ()
+    self.test_splits = ("test",) if config.data.test_file else ()
 
   def read_examples(self, split):
     return _read_split(self.config, split)
@@ -710,10 +710,10 @@ class SquadTask(Task):
 
   def null_threshold(self, directory):
     """v2.0: the threshold tuned on dev and stored in best/, else the config's."""
-    if self.config.get("version") != "2.0":
+    if self.config.version != "2.0":
       return None
     return load_null_threshold(directory,
-                               default=self.config.get("null_score_diff_threshold", 0.0))
+                               default=self.config.null_score_diff_threshold)
 
   def signature_notes(self, directory):
     notes = {k: self.config.get(k) for k in (

@@ -6,7 +6,7 @@ features, head, loss, predictions, metrics and files); the loop knows nothing el
 
 What the loop does (spec section 5): the encoder from `config.init_checkpoint` (any format
 `checkpoints.load_pretrained` reads), the vocabulary from the checkpoint's directory (`vocab.txt`)
-unless `config.vocab_file` / `config.spm_model_file` is given, and a clear error if its size is
+unless `config.tokenizer.vocab_file` / `spm_model_file` is given, and a clear error if its size is
 not the encoder's; AdamW as the original with linear warm-up over the first
 `config.warmup_proportion` of the steps; `config.num_train_epochs` passes over the training rows
 (shuffled per epoch from `config.seed`; the batch of step s is a pure function of s, so a resumed
@@ -86,6 +86,13 @@ class FineTuningModel(nn.Module):
   output_hidden_states: bool = False
   freeze_encoder: bool = False
 
+  def __post_init__(self):
+    # A head's `kernels` (its dropout and output layer) is the encoder's choice, whatever the
+    # task's make_head() left it at: `--config.model.kernels` names every module of the model.
+    if _has_field(self.head, "kernels") and self.head.kernels != self.bert_config.kernels:
+      object.__setattr__(self, "head", self.head.clone(kernels=self.bert_config.kernels))
+    super().__post_init__()
+
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
     ids = batch["input_ids"]
@@ -104,6 +111,10 @@ class FineTuningModel(nn.Module):
     if self.freeze_encoder:
       outputs = jax.lax.stop_gradient(outputs)
     return self.head(outputs, batch, deterministic)
+
+
+def _has_field(module: nn.Module, name: str) -> bool:
+  return any(f.name == name for f in dataclasses.fields(module))
 
 
 # ----------------------------------------------------------------------------------- steps
@@ -156,17 +167,18 @@ def predict_step(params, batch, *, model, task_loss=None):
 
 def find_vocab(config: ml_collections.ConfigDict) -> Tuple[Optional[str], Optional[str]]:
   """(vocab_file, spm_model_file): the config's if given, else the checkpoint directory's."""
-  if config.get("vocab_file") or config.get("spm_model_file"):
-    return config.get("vocab_file") or None, config.get("spm_model_file") or None
+  if config.tokenizer.vocab_file or config.tokenizer.spm_model_file:
+    return config.tokenizer.vocab_file or None, config.tokenizer.spm_model_file or None
   return checkpoints.find_vocab(config.init_checkpoint)
 
 
 def create_tokenizer(config, bert_config: BertConfig):
   """The checkpoint's tokenizer; a vocabulary whose size is not the encoder's is an error."""
   vocab_file, spm_model_file = find_vocab(config)
-  tokenization.validate_case_matches_checkpoint(config.do_lower_case, config.init_checkpoint)
+  do_lower_case = config.tokenizer.do_lower_case
+  tokenization.validate_case_matches_checkpoint(do_lower_case, config.init_checkpoint)
   tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                            do_lower_case=config.do_lower_case)
+                                            do_lower_case=do_lower_case)
   if tokenizer.vocab_size != bert_config.vocab_size:
     raise ValueError(
         f"Vocabulary {vocab_file or spm_model_file} has {tokenizer.vocab_size} entries but the "
@@ -218,7 +230,9 @@ def bert_config_for(config, loaded: BertConfig) -> BertConfig:
   Attention is bidirectional unless `config.model.causal_attention` asks for the left-to-right
   ablation (a model pre-trained with `objective=ltr` is fine-tuned left to right too).
   """
-  runtime = {k: config.model[k] for k in BertConfig.RUNTIME_FIELDS if k in config.get("model", {})}
+  # Every runtime field is declared (finetuning_defaults); a best/ saved before one existed
+  # (task_config.json) keeps the field's default.
+  runtime = {k: config.model[k] for k in BertConfig.RUNTIME_FIELDS if k in config.model}
   return loaded.replace(**dict({"causal_attention": False}, **runtime))
 
 
@@ -413,9 +427,9 @@ def read_inputs(task: Task, config, max_train_examples: Optional[int] = None,
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
   start = time.time()
   if max_train_examples is None:
-    max_train_examples = config.data.get("max_train_examples", 0)
+    max_train_examples = config.data.max_train_examples
   train = load_split(task, task.train_split, tokenizer, max_train_examples)
-  evals = [load_split(task, s, tokenizer, config.data.get("max_eval_examples", 0))
+  evals = [load_split(task, s, tokenizer, config.data.max_eval_examples)
            for s in (task.eval_splits if evaluation else ())]
   print(f"[{task.name}] {len(train.examples)} training examples ({train.features.num_rows} rows), "
         + ", ".join(f"{s.name}: {len(s.examples)}" for s in evals)
@@ -540,7 +554,7 @@ def make_job(task: Task, config: ml_collections.ConfigDict,
       param_axes=sharding.logical_axes(model.init, {"params": init_rng}, sample),
       train_step=functools.partial(
           train_step, model=model, tx=tx, task_loss=task.loss, schedule=schedule,
-          row_weight=task.row_weight, grad_accum_steps=config.get("grad_accum_steps", 1)),
+          row_weight=task.row_weight, grad_accum_steps=config.grad_accum_steps),
       eval_step=functools.partial(predict_step, model=model, task_loss=task.loss),
       example_batch=rows, example_eval_batch=rows,
       model_flops=model_flops, kernel_flops=kernel_flops,
@@ -586,7 +600,7 @@ def _final_results(task: Task, config, inputs: Inputs, predictor: "Predictor", p
     predictions, metrics = evaluate_split(task, predictor, params, split, with_metrics=True)
     results[split.name] = metrics
     write(split.name, split.examples, predictions)
-  if config.get("do_predict", True):
+  if config.do_predict:
     for name in task.test_splits:
       try:
         split = load_split(task, name, inputs.tokenizer)
@@ -659,16 +673,14 @@ def run_with_seeds(run_one: Callable[[ml_collections.ConfigDict, str], Dict],
   mean/std/min/max/n/best/values}} (std: the sample standard deviation, `seed_spread`).
 
   With seeds=1 the run goes straight into WORKDIR (no sub-directory)."""
-  count = int(config.get("seeds", 1))
+  count = int(config.seeds)
   if count <= 1:
     return run_one(config, workdir)
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
   runs = {}
   for i in range(count):
-    seed_config = ml_collections.ConfigDict(config.to_dict())
-    seed_config.seed = config.seed + i
-    seed_config.seeds = 1
+    seed_config = config_names.replaced(config, {"seed": config.seed + i, "seeds": 1})
     runs[seed_config.seed] = run_one(seed_config,
                                      filesystem.join(workdir, f"seed_{seed_config.seed}"))
     if runs[seed_config.seed].get("preempted"):

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.runtime import outputs
+from bert_jax.runtime import config_names, outputs
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.datasets import glue
 from bert_jax.tasks.framework import finetuning
@@ -71,16 +71,14 @@ def variant_names(config) -> List[str]:
 
 def pretraining_config(config, name: str) -> ml_collections.ConfigDict:
   """`config.pretraining` with the variant's overrides."""
-  c = ml_collections.ConfigDict(config.pretraining.to_dict())
-  c.update_from_flattened_dict(VARIANTS[name][1])
-  return c
+  return config_names.replaced(config.pretraining, VARIANTS[name][1])
 
 
 def _finetuning_config(template, checkpoint: str, vocab_file: str, causal: bool):
-  c = ml_collections.ConfigDict(template.to_dict())
-  c.init_checkpoint, c.vocab_file = checkpoint, vocab_file
-  c.model.causal_attention = causal   # LTR is fine-tuned left to right, as in the paper
-  return c
+  # LTR is fine-tuned left to right, as in the paper.
+  return config_names.replaced(template, {"init_checkpoint": checkpoint,
+                                          "tokenizer.vocab_file": vocab_file,
+                                          "model.causal_attention": causal})
 
 
 def _finished(workdir: str) -> Optional[Dict]:
@@ -99,9 +97,9 @@ def _common_masking_eval(pre_config, pre_dir: str, workdir: str) -> Dict[str, fl
   done = _last_eval(workdir)  # {} until it ran (read_metrics: no file, no records)
   if done:
     return done
-  c = ml_collections.ConfigDict(pre_config.to_dict())
-  c.init_checkpoint, c.data.mask_mixture = pre_dir, COMMON_MASKING
-  c.num_train_steps, c.eval_before_training = 0, True
+  c = config_names.replaced(pre_config, {
+      "init_checkpoint": pre_dir, "data.mask_mixture": COMMON_MASKING, "num_train_steps": 0,
+      "eval_before_training": True})
   pretraining.train_and_evaluate(c, workdir)
   return _last_eval(workdir)
 
@@ -187,15 +185,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
   names = variant_names(config)
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
-  if config.pretraining.data.get("prepare_demo_corpus"):
+  if config.pretraining.data.prepare_demo_corpus:
     from data_pipelines import demo_corpus
-    shared = ml_collections.ConfigDict(config.pretraining.to_dict())
-    demo_corpus.prepare(shared, workdir)          # WORKDIR/data, once, for every variant
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.pretraining.data.update(prepare_demo_corpus=False, **{
-        k: shared.data[k] for k in ("input_files", "eval_input_files", "vocab_file")})
-    config.pretraining.model.vocab_size = shared.model.vocab_size
-  vocab_file = config.pretraining.data.vocab_file
+    data = demo_corpus.prepare(config.pretraining, workdir)  # WORKDIR/data, once, for all
+    config = config_names.replaced(config, dict(
+        {f"pretraining.{k}": v for k, v in data.items()},
+        **{"pretraining.data.prepare_demo_corpus": False}))
+  vocab_file = config.pretraining.tokenizer.vocab_file
   results: Dict[str, Any] = {}
   for name in names:
     print(f"[ablations] {name}: {VARIANTS[name][0]}", flush=True)
@@ -203,7 +199,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
     if result.get("preempted"):
       return {"preempted": True}
     results[name] = result
-    table = results_table(results, int(config.glue.get("seeds", 1)))
+    table = results_table(results, int(config.glue.seeds))
     if outputs.is_writer():
       filesystem.write_text(filesystem.join(workdir, TABLE_FILE), table + "\n")
       filesystem.write_text(filesystem.join(workdir, finetuning.RESULTS_FILE),

@@ -33,7 +33,7 @@ from bert_jax.io import checkpoints, filesystem
 from bert_jax.tasks.framework import finetuning
 from bert_jax.model import heads
 from bert_jax.tasks.datasets import ner
-from bert_jax.model import ops
+from bert_jax.model.kernels import select as select_kernels
 from bert_jax.runtime import inference, optim, outputs
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
@@ -98,19 +98,22 @@ class BiLSTMTagger(nn.Module):
   units: int = 768
   num_layers: int = 2
   dropout_rate: float = 0.1
+  kernels: str = "auto"       # config.model.kernels: its dropout and output layer, as the encoder's
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
+    blocks = select_kernels(self.kernels)
     x = combine_layers(self.choice, batch["features"].astype(jnp.float32))   # [B, W, D]
     lengths = batch["lengths"]                                             # [B]
     for i in range(self.num_layers):
-      x = ops.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = blocks.Dropout(self.dropout_rate)(x, deterministic=deterministic)
       # Padding words are outside seq_lengths: the backward direction starts at the last word.
       x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.units)),
                            nn.RNN(nn.OptimizedLSTMCell(self.units)),
                            name=f"bilstm_{i}")(x, seq_lengths=lengths)     # [B, W, 2U]
-    x = ops.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    return {"logits": nn.Dense(self.num_labels, name="classifier")(x)}      # [B, W, K]
+    x = blocks.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return {"logits": nn.Dense(self.num_labels, name="classifier",
+                               dot_general=blocks.dense_dot_general)(x)}    # [B, W, K]
 
 
 # ------------------------------------------------------------------------------------ features
@@ -206,7 +209,7 @@ def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
   `train_step` (runtime.job); evaluated on dev after every epoch."""
   layers = layer_indices(choice, num_layers)
   model = BiLSTMTagger(choice, len(labels), config.lstm_units, config.lstm_layers,
-                       config.dropout)
+                       config.dropout, kernels=config.model.kernels)
   batch_size = config.global_batch_size
   num_sentences = len(train.offsets) - 1
   steps_per_epoch = max(1, num_sentences // batch_size)
@@ -315,7 +318,7 @@ def run(config, workdir: str) -> Dict:
            "data": path, "size": filesystem.getsize(path), "mtime": filesystem.mtime(path),
            "limit": limits[split], "max_seq_length": config.max_seq_length,
            "document_context": config.document_context, "labels": labels,
-           "do_lower_case": config.do_lower_case}
+           "do_lower_case": config.tokenizer.do_lower_case}
     data[split] = sentences
     splits[split] = cached_extract(
         cache_dir, key, bert_config=bert_config, encoder_params=encoder, tokenizer=tokenizer,

@@ -12,7 +12,7 @@ Objectives (`config.objective`, spec sections 2 and 6):
   ltr      left-to-right LM, no NSP: causal attention, every next token is a target
 """
 import functools
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax
 import jax
@@ -220,16 +220,18 @@ def load_init_checkpoint(config, params):
   return jax.tree_util.tree_map(jnp.asarray, merged)
 
 
-def adopt_checkpoint(config: ml_collections.ConfigDict) -> None:
+def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   """`config.model_from_checkpoint`: the init checkpoint's architecture, vocabulary and casing.
 
-  Continued pre-training of a released model: the architecture fields of `config.model` (not
-  the runtime ones: dtype, scan, remat, kernels) become the checkpoint's; the vocabulary beside
-  it (`vocab.txt`, or `spm.model`) and its recorded casing are used unless `config.data` names
-  a vocabulary. A `max_seq_length` beyond the checkpoint's position table is an error.
+  Continued pre-training of a released model: returns the changes to `config` ({"model.<field>":
+  ..., "tokenizer.<field>": ...}; empty without model_from_checkpoint) that make the architecture
+  fields of `config.model` (not the runtime ones: dtype, scan, remat, kernels) the checkpoint's,
+  and the tokenizer the vocabulary beside it (`vocab.txt`, or `spm.model`) with its recorded
+  casing, unless `config.tokenizer` names a vocabulary. `config` itself is not changed. A
+  `max_seq_length` beyond the checkpoint's position table is an error.
   """
-  if not config.get("model_from_checkpoint"):
-    return
+  if not config.model_from_checkpoint:
+    return {}
   if not config.init_checkpoint:
     raise ValueError("config.model_from_checkpoint=True needs config.init_checkpoint (a Hugging "
                      "Face directory, a Google TF checkpoint, a save_pretrained directory or a "
@@ -241,27 +243,30 @@ def adopt_checkpoint(config: ml_collections.ConfigDict) -> None:
                      f"table of {source} (max_position_embeddings="
                      f"{loaded.max_position_embeddings}): continued pre-training cannot add "
                      f"positions; use --config.max_seq_length<={loaded.max_position_embeddings}")
-  config.model.update(loaded.to_dict(include_runtime=False))
-  if not (config.data.get("vocab_file") or config.data.get("spm_model_file")):
-    config.data.vocab_file, config.data.spm_model_file = (
-        p or "" for p in checkpoints.find_vocab(source))
+  changes = {f"model.{k}": v for k, v in loaded.to_dict(include_runtime=False).items()}
+  vocab_file, spm_model_file = config.tokenizer.vocab_file, config.tokenizer.spm_model_file
+  do_lower_case = config.tokenizer.do_lower_case
+  if not (vocab_file or spm_model_file):
+    vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(source))
     recorded = checkpoints.recorded_lower_case(source)
     if recorded is not None:
-      config.data.do_lower_case = recorded
+      do_lower_case = recorded
+    changes.update({"tokenizer.vocab_file": vocab_file, "tokenizer.spm_model_file": spm_model_file,
+                    "tokenizer.do_lower_case": do_lower_case})
   from bert_jax.text import tokenization
-  tokenization.validate_case_matches_checkpoint(config.data.do_lower_case, source)
-  vocab = config.data.vocab_file or config.data.spm_model_file
-  size = tokenization.create_tokenizer(
-      vocab_file=config.data.vocab_file or None,
-      spm_model_file=config.data.get("spm_model_file") or None,
-      do_lower_case=config.data.do_lower_case).vocab_size
+  tokenization.validate_case_matches_checkpoint(do_lower_case, source)
+  vocab = vocab_file or spm_model_file
+  size = tokenization.create_tokenizer(vocab_file=vocab_file or None,
+                                       spm_model_file=spm_model_file or None,
+                                       do_lower_case=do_lower_case).vocab_size
   if size != loaded.vocab_size:
     raise ValueError(f"Vocabulary {vocab} has {size} entries but {source} has vocab_size="
                      f"{loaded.vocab_size}: pass the vocabulary the checkpoint was trained with")
   print(f"Continuing {source}: L={loaded.num_hidden_layers}, H={loaded.hidden_size}, "
         f"A={loaded.num_attention_heads}, max positions {loaded.max_position_embeddings}; "
         f"vocabulary {vocab} ({size} entries, "
-        f"{'uncased' if config.data.do_lower_case else 'cased'})", flush=True)
+        f"{'uncased' if do_lower_case else 'cased'})", flush=True)
+  return changes
 
 
 # ----------------------------------------------------------------------------------- loop
@@ -303,7 +308,7 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
   from bert_jax.text import tokenization
   files = config.data.input_files if training else config.data.eval_input_files
   packing_config = None
-  if training and config.data.get("packing", False):
+  if training and config.data.packing:
     if config.objective == "ltr":
       raise ValueError("config.data.packing needs an MLM objective (mlm_nsp or mlm): the "
                        "left-to-right targets of a packed row would cross from pair to pair")
@@ -316,9 +321,9 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
         max_predictions_per_seq=config.max_predictions_per_seq,
         whole_word_mask=config.data.whole_word_mask)
     tokenizer = tokenization.create_tokenizer(
-        vocab_file=config.data.vocab_file or None,
-        spm_model_file=config.data.spm_model_file or None,
-        do_lower_case=config.data.do_lower_case)
+        vocab_file=config.tokenizer.vocab_file or None,
+        spm_model_file=config.tokenizer.spm_model_file or None,
+        do_lower_case=config.tokenizer.do_lower_case)
     special = masking.SpecialTokens.from_tokenizer(tokenizer)
   return input_pipeline.create_pretraining_dataset(
       files, global_batch_size=config.global_batch_size if training else config.eval_batch_size,
@@ -370,27 +375,30 @@ def _throughput(config) -> Throughput:
   return Throughput(count, rates)
 
 
-def _prepare_workdir(config, workdir: str) -> str:
-  """The workdir (made if needed, any filesystem), the demo corpus built into it if asked."""
-  workdir = filesystem.absolute(workdir)
+def _prepare_workdir(config, workdir: str) -> ml_collections.ConfigDict:
+  """The workdir made if needed (any filesystem) and the demo corpus or text files built into it
+  if asked; returns the config the job runs: `config` with the records (and a learned
+  vocabulary) in WORKDIR/data filled in."""
   filesystem.makedirs(workdir)
-  if config.data.get("text_files"):
-    _prepare_text_files(config, workdir)
-  elif config.data.get("prepare_demo_corpus"):
+  changes = {}
+  if config.data.text_files:
+    changes = _prepare_text_files(config, workdir)
+  elif config.data.prepare_demo_corpus:
     from data_pipelines import demo_corpus
-    demo_corpus.prepare(config, workdir)
+    changes = demo_corpus.prepare(config, workdir)
+  config = config_names.replaced(config, changes)
   if not config.data.input_files:
     raise ValueError("config.data.input_files is empty: point it at pre-training TFRecords "
                      "(python -m data_pipelines.create_pretraining_data writes them)")
   if outputs.is_writer():
     checkpoints.write_config(bert_config_from(config), filesystem.join(workdir, tc.BERT_CONFIG),
                              include_runtime=True)
-  return workdir
+  return config
 
 
-def _prepare_text_files(config, workdir: str) -> None:
+def _prepare_text_files(config, workdir: str) -> Dict[str, Any]:
   """`config.data.text_files` (raw text in BERT's input format, a comma list or globs) ->
-  WORKDIR/data records with the run's vocabulary, once."""
+  WORKDIR/data records with the run's vocabulary, once; the config changes that read them."""
   from data_pipelines import build_vocab, create_pretraining_data, workdir_data
   files = build_vocab.expand_input_files(config.data.text_files)
 
@@ -399,7 +407,7 @@ def _prepare_text_files(config, workdir: str) -> None:
     yield from create_pretraining_data.documents_from_files(
         files, create_pretraining_data.Options(), stats)
     print(stats.summary(), flush=True)
-  workdir_data.prepare(config, workdir, documents, f"{len(files)} text file(s)")
+  return workdir_data.prepare(config, workdir, documents, f"{len(files)} text file(s)")
 
 
 def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
@@ -414,7 +422,7 @@ def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str,
            F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
            F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
            F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
-  if config.data.get("packing", False) if packed is None else packed:
+  if config.data.packing if packed is None else packed:
     batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
   return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
 
@@ -429,7 +437,7 @@ def model_flops(config, rows: int) -> float:
   """The analytic training FLOPs of a step of `rows` rows (`model.flops`)."""
   c = bert_config_from(config)
   s = config.max_seq_length
-  pairs = rows * (config.data.max_pairs_per_row if config.data.get("packing", False) else 1)
+  pairs = rows * (config.data.max_pairs_per_row if config.data.packing else 1)
   return flops.training_flops(
       c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
       tokens=rows * s, attention_pairs=rows * s * s,
@@ -490,7 +498,7 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       evaluator=_evaluator(config, eval_fn) if evaluates else None,
       eval_at=lambda step: evaluates and step % config.eval_every_steps == 0,
       # Where training starts from (continued pre-training: the released model on this corpus).
-      eval_first=bool(config.get("eval_before_training")),
+      eval_first=bool(config.eval_before_training),
       warm_start=(functools.partial(_from_init_checkpoint, config, tx)
                   if config.init_checkpoint else None),
       throughput=_throughput(config),
@@ -504,8 +512,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   `preempted: True` when SIGTERM stopped it early (after saving a checkpoint).
   """
   check_config(config)
-  adopt_checkpoint(config)
-  workdir = _prepare_workdir(config, workdir)
+  workdir = filesystem.absolute(workdir)
+  # The config the job runs: what the checkpoint and WORKDIR/data decide, filled into a copy.
+  config = config_names.replaced(config, adopt_checkpoint(config))
+  config = _prepare_workdir(config, workdir)
   outcome = jobs.run(make_job(config), workdir, parallel.create(config))
   return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
 

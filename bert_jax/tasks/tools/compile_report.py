@@ -50,7 +50,7 @@ from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
-from bert_jax.runtime import outputs
+from bert_jax.runtime import config_names, outputs
 from bert_jax.runtime.job import Job
 from bert_jax.tasks import registry
 from bert_jax.tasks.jobs import pretraining
@@ -131,11 +131,11 @@ def build_job(config, layers: Optional[int] = None) -> Job:
   """The experiment's own job, from the `make_job` its training run calls (what trains is what
   compiles), unrolled at `layers` layers if given (the cost of a scanned step). Fine-tuning
   reads the checkpoint's architecture and a few training examples (for the feature shapes)."""
-  if config.get("task", "pretraining") == "pretraining":
+  if config.task == "pretraining":
     pretraining.check_config(config)
     if layers is not None:
-      config = config.copy_and_resolve_references()
-      config.model.update(num_hidden_layers=layers, scan_layers=False)
+      config = config_names.replaced(config, {"model.num_hidden_layers": layers,
+                                              "model.scan_layers": False})
     return pretraining.make_job(config)
   from bert_jax.tasks.framework import finetuning
   finetuning.check_config(config)
@@ -149,11 +149,10 @@ def build_job(config, layers: Optional[int] = None) -> Job:
 
 def _scanned_layers(config) -> int:
   """The layer count when the encoder is a scan over layers (0 when unrolled)."""
-  model = config.get("model", {})
-  if not model.get("scan_layers", False):
+  if not config.model.scan_layers:
     return 0
-  if config.get("task", "pretraining") == "pretraining":
-    return int(model.num_hidden_layers)
+  if config.task == "pretraining":
+    return int(config.model.num_hidden_layers)
   from bert_jax.io import checkpoints
   return checkpoints.load_pretrained_config(config.init_checkpoint).num_hidden_layers
 
@@ -169,8 +168,7 @@ class _Compiler:
 
   def _train_and_eval(self, global_batch: int, layers: Optional[int] = None,
                       with_eval: bool = True):
-    config = self.config.copy_and_resolve_references()
-    config.global_batch_size = global_batch
+    config = config_names.replaced(self.config, {"global_batch_size": global_batch})
     par = self.target.par
     job = build_job(config, layers)
     abstract_state = jax.eval_shape(job.init_state)
@@ -384,11 +382,11 @@ def summary(report: Dict[str, Any]) -> str:
 
 def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
   """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
-  task = config.get("task", "pretraining")
+  task = config.task
   if task != "pretraining" and task not in registry.finetuning_tasks():
     raise ValueError(f"--compile_for compiles pre-training and fine-tuning experiments "
                      f"({list(registry.finetuning_tasks())}); config.task={task!r} is not one")
-  if config.get("parallelism", "jit") != "jit":
+  if config.parallelism != "jit":
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)
   devices = topologies.slice_devices(accelerator_type)

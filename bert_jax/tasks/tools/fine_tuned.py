@@ -15,6 +15,7 @@ from bert_jax.io import checkpoints, filesystem
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks import registry
 from bert_jax.tasks.framework import finetuning
+from bert_jax.runtime import config_names
 
 
 @dataclasses.dataclass
@@ -52,7 +53,8 @@ def read_task_config(directory: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(
         f"{path} is missing: this best/ was written before task_config.json was recorded; "
         "fine-tune it again (or rerun with num_train_epochs=0 from it) to record the task")
-  config = ml_collections.ConfigDict(json.loads(filesystem.read_text(path)))
+  # Older runs saved the tokenizer fields under their old names (vocab_file, do_lower_case).
+  config = ml_collections.ConfigDict(config_names.upgraded(json.loads(filesystem.read_text(path))))
   if config.get("task") not in registry.finetuning_tasks():
     raise ValueError(f"{path}: task={config.get('task')!r} cannot be loaded for prediction "
                      f"(expected one of {list(registry.finetuning_tasks())})")
@@ -68,12 +70,12 @@ def load(path: str, **model_overrides) -> FineTuned:
 
   model_overrides: runtime fields of `config.model` (e.g. dtype="bfloat16")."""
   directory = best_directory(path)
-  config = read_task_config(directory)
   # Everything comes from best/ now, whatever paths the run had (they may not exist here).
-  config.init_checkpoint = directory
-  config.vocab_file, config.spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
-  if model_overrides:
-    config.model.update(model_overrides)
+  vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
+  config = config_names.replaced(read_task_config(directory), dict(
+      {"init_checkpoint": directory, "tokenizer.vocab_file": vocab_file,
+       "tokenizer.spm_model_file": spm_model_file},
+      **{f"model.{k}": v for k, v in model_overrides.items()}))
   task = get_task(config)
   if not task.output_kind:
     raise ValueError(f"Task {task.name} declares no output_kind; predict cannot read its outputs")

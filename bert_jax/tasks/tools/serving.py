@@ -140,15 +140,17 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
     return _load_encoder(path, dtype, do_lower_case)
   model = fine_tuned.load(best, **({"dtype": dtype} if dtype else {}))
   config = model.config
-  if do_lower_case is not None and do_lower_case != config.do_lower_case:
-    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.do_lower_case}; "
+  if do_lower_case is not None and do_lower_case != config.tokenizer.do_lower_case:
+    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.tokenizer.do_lower_case}; "
                      f"--do_lower_case={do_lower_case} would not tokenize as it was trained")
   apply = lambda params, batch: model.model.apply({"params": params}, batch, deterministic=True)
   return Servable(
       kind=model.kind, source=model.directory, bert_config=model.bert_config,
       params=model.params, apply=apply, task_name=model.task.name, labels=tuple(model.labels),
-      max_seq_length=int(config.max_seq_length), do_lower_case=bool(config.do_lower_case),
-      vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
+      max_seq_length=int(config.max_seq_length),
+      do_lower_case=bool(config.tokenizer.do_lower_case),
+      vocab_file=config.tokenizer.vocab_file or None,
+      spm_model_file=config.tokenizer.spm_model_file or None,
       task_config=config,
       num_choices=len(model.labels) if model.kind == "multiple_choice" else 0,
       input_format=model.task.input_format, notes=model.task.signature_notes(model.directory))

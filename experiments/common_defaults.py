@@ -1,0 +1,78 @@
+"""The fields every job has (each documented once, here): the run, the tokenizer, the devices and
+the loop. `pretraining_defaults.py` and `finetuning_defaults.py` start from `get_config()` and add
+their own fields; experiments override values, and every field a job reads is declared in these
+files or in the experiment (`--config.x` of an undeclared x is an error).
+"""
+import ml_collections
+
+from bert_jax.runtime import config_names
+from bert_jax.runtime.optim import default_optimizer_config
+
+
+def parse_arg(arg, **defaults):
+  """'a=1,quick' -> {'a': '1', 'quick': True} over `defaults` (values keep the default's type)."""
+  values = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    if key not in values:
+      raise ValueError(f"Unknown experiment argument {key!r}; expected one of {sorted(values)}")
+    if not value:
+      values[key] = True
+    elif isinstance(values[key], bool):
+      values[key] = value.lower() in ("1", "true", "yes")
+    else:
+      values[key] = type(values[key])(value)
+  return values
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = ""                        # the runner in bert_jax/tasks/__init__.py
+  c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
+  c.seed = 0
+  # jax_default_prng_impl for initialisation and dropout: "" keeps JAX's default (threefry2x32,
+  # the same bits under any sharding). "rbg" compiles BERT-base initialisation in 15 s instead of
+  # 4 minutes on an H100 (benchmarks/RESULTS.md); its streams differ from threefry's.
+  c.prng_impl = ""
+
+  # The tokenizer of every job. Pre-training: the records' vocabulary (dynamic masking reads its
+  # special-token ids); empty with data.prepare_demo_corpus or data.text_files, which learn one.
+  # Fine-tuning: empty = the vocab.txt (or spm.model) beside init_checkpoint.
+  c.tokenizer = ml_collections.ConfigDict()
+  c.tokenizer.vocab_file = ""        # WordPiece vocab.txt
+  c.tokenizer.spm_model_file = ""    # SentencePiece model instead of a WordPiece vocab
+  c.tokenizer.do_lower_case = True   # uncased vocabulary (checked against the checkpoint's)
+
+  c.max_seq_length = 128
+  c.global_batch_size = 32           # sequences (rows) per optimizer step, all hosts together
+  c.eval_batch_size = 64
+  c.learning_rate = 1e-4
+  c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
+  c.grad_accum_steps = 1             # micro-batches per update (same update as the batch)
+
+  c.parallelism = "jit"              # jit over the device mesh | pmap
+  # Tensor parallelism (jit only): devices along the mesh's `model` axis; the `data` axis gets
+  # device_count / model_parallelism (global_batch_size must divide by it). Attention heads, FFN
+  # and vocabulary are split Megatron-style.
+  c.model_parallelism = 1
+  # Fully sharded data parallelism (jit only; ZeRO-3): parameter matrices, their gradients and
+  # the optimizer moments split along `data` as well, gathered layer by layer inside the step.
+  # Each chip keeps 1/data of the state; the math is the same (bert_jax/parallel/sharding.py).
+  c.fsdp = False
+  # Override of bert_jax.parallel.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or
+  # None), e.g. (("vocab", None), ("joined_kv", "model"), ("mlp", "model")); () = the defaults.
+  c.logical_axis_rules = ()
+
+  c.log_every_steps = 100
+  c.eval_every_steps = 0
+  c.checkpoint_every_steps = 0
+  c.max_consecutive_skips = 10       # abort after this many non-finite steps in a row
+  # "START,COUNT": a jax.profiler trace of steps START+1..START+COUNT in WORKDIR/profile
+  # (TensorBoard's profile plugin, Perfetto); "" for none.
+  c.profile_steps = ""
+
+  c.data = ml_collections.ConfigDict()
+  # Placeholders of the renamed fields (train_batch_size, vocab_file, data.vocab_file, ...): set,
+  # they are errors naming the field to use (bert_jax/runtime/config_names.py).
+  config_names.reserve(c)
+  return c
