@@ -27,7 +27,7 @@ def parse_arg(arg, **defaults):
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = ""                        # the runner in bert_jax/tasks/__init__.py
+  c.task = ""                        # what runs: a task of bert_jax/tasks/registry.py
   c.init_checkpoint = ""             # HF dir, TF checkpoint, save_pretrained dir or workdir
   c.seed = 0
   # jax_default_prng_impl for initialisation and dropout: "" keeps JAX's default (threefry2x32,
