@@ -36,6 +36,13 @@ What each layer takes from them (a layer's own variable, when set, wins):
 * The emulator relay (`storage_emulator`): the timeout on each request it passes on; a request
   the emulator does not answer in time is answered 504, which the caller retries.
 
+A bucket that does not exist (a typo in its name, a store that lost its contents) is an error,
+never a loop: TensorFlow's `makedirs` walks up a `gs://` path to the first part that exists, and
+a missing bucket never does, so it asked the store again and again, for ever (the demo with the
+emulator restarted empty sat in its next checkpoint's `makedirs`). `guard_makedirs()` checks the
+bucket first (one request); `filesystem` and `training_checkpoints` install it on
+`tf.io.gfile`, which Orbax's paths (`etils.epath`) call too.
+
 A command-line program (`configure(leave_at_once_after_error=True)`) leaves as soon as an error
 has ended it: traceback, exit status 1. Left to the interpreter's shutdown, every upload that
 had just failed would be tried again, once per layer that holds it (TensorFlow's writable files
@@ -148,6 +155,30 @@ def _leave_at_once(kind, error, trace) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access
+
+
+class MissingBucketError(FileNotFoundError):
+  """A `gs://` path's bucket does not exist (or these credentials cannot see it)."""
+
+
+def guard_makedirs(gfile) -> None:
+  """Makes `gfile.makedirs` (TensorFlow's `tf.io.gfile`) raise `MissingBucketError` naming the
+  bucket, where it would loop for ever (see the module docstring). Idempotent."""
+  original = gfile.makedirs
+  if getattr(original, "checks_the_bucket", False):
+    return
+
+  def makedirs(path) -> None:
+    text = os.fspath(path)
+    if text.startswith("gs://"):
+      bucket = "gs://" + text[len("gs://"):].split("/", 1)[0]
+      if not gfile.exists(bucket):
+        raise MissingBucketError(f"Cannot create {text}: the bucket {bucket} does not exist (a "
+                                 "typo in its name, or a store that lost its contents?)")
+    original(path)
+
+  makedirs.checks_the_bucket = True
+  gfile.makedirs = makedirs
 
 
 def tensorstore_context() -> Dict:

@@ -1,0 +1,104 @@
+"""The Cloud Storage emulator restarted mid-run, its contents lost (a store that lost its data, a
+bucket deleted), through `python -m bert_jax.main` as in tests/test_cloud_storage.py.
+
+What a user needs: the run stops with an error naming the bucket (it used to loop for ever in
+TensorFlow's `makedirs`, asking the store about the missing bucket again and again); no
+checkpoint that is gone is claimed; and the same command, with the bucket back, says loudly that
+it starts again from step 0 and ends exactly as an uninterrupted run.
+"""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
+                                      _env, _outage_env, _own_emulator, _records,
+                                      _start_demo_and_wait_for_a_checkpoint, _start_emulator,
+                                      local_demo)  # noqa: F401  (a fixture)
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+
+STOP_WITHIN = 120   # seconds from the restart to the run's exit (the short retry budget: seconds)
+
+
+def test_a_missing_bucket_is_an_error_naming_it_not_a_loop(tmp_path):
+  """Our filesystem layer and Orbax's paths (etils.epath over tf.io.gfile) alike."""
+  script = (
+      "from etils import epath\n"
+      "from bert_jax.io import filesystem, remote_storage, training_checkpoints\n"
+      "for make in (filesystem.makedirs,\n"
+      "             lambda p: epath.Path(p).mkdir(parents=True, exist_ok=True)):\n"
+      "  try:\n"
+      "    make('gs://no-such-bucket/run/checkpoints')\n"
+      "  except remote_storage.MissingBucketError as e:\n"
+      "    print(e)\n")
+  with _own_emulator() as (_, url):
+    run = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path),
+                         env=dict(_outage_env(url)), capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  assert run.stdout.count("the bucket gs://no-such-bucket does not exist") == 2, run.stdout
+
+
+def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts_over(
+    local_demo, tmp_path):  # noqa: F811
+  with _own_emulator() as (emulator, url):
+    proc = _start_demo_and_wait_for_a_checkpoint(url, "restart", str(tmp_path))
+    emulator.kill()
+    emulator.wait()
+    restarted = time.time()
+    port = int(url.rsplit(":", 1)[1])
+    emulator, _ = _start_emulator(port=port)   # empty: no bucket, no objects
+    try:
+      try:
+        output = proc.communicate(timeout=STOP_WITHIN)[0]
+      except subprocess.TimeoutExpired:
+        proc.send_signal(6)   # SIGABRT: its threads' stacks (PYTHONFAULTHANDLER), then it ends
+        pytest.fail(f"the run neither failed nor finished {STOP_WITHIN} s after the store lost "
+                    "its bucket:\n" + proc.communicate()[0][-20000:])
+      stopped_after = time.time() - restarted
+      assert proc.returncode == 1, output[-5000:]
+      assert f"the bucket gs://{BUCKET} does not exist" in output or "404" in output, \
+          output[-5000:]
+      assert f"gs://{BUCKET}/restart" in output, output[-5000:]
+
+      # The bucket back, empty: the same command starts again from step 0, and says so.
+      _create_bucket(url)
+      assert not _committed_steps(url, "restart")
+      again = subprocess.run(_demo(f"gs://{BUCKET}/restart"), cwd=str(tmp_path),
+                             env=_outage_env(url), capture_output=True, text=True, timeout=600)
+      assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+      assert "Resumed from" not in again.stdout
+      ours = _records(_download(url, "restart/metrics.jsonl"))
+    finally:
+      emulator.kill()
+      emulator.wait()
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert ours == theirs
+  print(f"the run stopped {stopped_after:.0f} s after the store lost its bucket")
+
+
+def test_a_run_whose_checkpoints_are_gone_says_what_it_trains_again(tmp_path, capsys):
+  """The loop, on any store: steps metrics.jsonl recorded past the checkpoint resumed from are
+  announced as trained again, and a run with none of its checkpoints left says loudly that it
+  starts from step 0 (it used to start over without a word)."""
+  import shutil
+  from bert_jax import parallel
+  from bert_jax.runtime import job as jobs
+  from tests.test_loop_actions import _toy_job
+  workdir = tmp_path / "toy"
+  job = lambda: _toy_job(6, log_every_steps=1, checkpoint_every_steps=2)
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  capsys.readouterr()
+  shutil.rmtree(workdir / "checkpoints" / "6")
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  out = capsys.readouterr().out
+  assert "Resumed from the checkpoint at step 4" in out
+  assert "metrics.jsonl went on to step 6: steps 5-6 are trained again." in out
+  shutil.rmtree(workdir / "checkpoints")
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  out = capsys.readouterr().out
+  assert "Resumed" not in out
+  assert (f"!!! [toy] NO CHECKPOINT in {workdir / 'checkpoints'}, but metrics.jsonl records "
+          "this run up to step 6") in out
+  assert [r["step"] for r in read_metrics(str(workdir), "train")] == list(range(1, 7))
