@@ -12,13 +12,15 @@ What bounds the wait:
   checkpoint write, the last one of the run: no step follows it) fails once the killed process has
   missed its heartbeats for `--heartbeat_timeout_seconds` (30 s). With jax's default (100 s)
   process 0 waited there 82-93 s.
-Processes log to `<workdir>.process<i>.out|err` (tests/test_multihost.py).
+Processes log to `<workdir>.process<i>.out|err` (tests/test_multihost.py). Four launches of 2
+processes and a heartbeat timeout: run with `python -m pytest --long-faults tests/faults`.
 """
 import os
 import signal
 import time
 
 import numpy as np
+import pytest
 
 from bert_jax.io import checkpoints
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
@@ -75,6 +77,7 @@ def _untimed(workdir):
   return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(workdir)]
 
 
+@pytest.mark.long_fault
 def test_a_killed_process_ends_the_other_in_bounded_time_and_the_pair_resumes_exactly(tmp_path):
   fx.make_data(str(tmp_path / "data"))
   experiment = fx.write_experiment(str(tmp_path), str(tmp_path / "data"), **OVERRIDES)

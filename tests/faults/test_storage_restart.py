@@ -4,7 +4,8 @@ bucket deleted), through `python -m bert_jax.main` as in tests/test_cloud_storag
 What a user needs: the run stops with an error naming the bucket (it used to loop for ever in
 TensorFlow's `makedirs`, asking the store about the missing bucket again and again); no
 checkpoint that is gone is claimed; and the same command, with the bucket back, says loudly that
-it starts again from step 0 and ends exactly as an uninterrupted run.
+it starts again from step 0 and ends exactly as an uninterrupted run. Also kill -9 during a
+checkpoint write on gs:// (with `--long-faults`).
 """
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
                                       _env, _outage_env, _own_emulator, _records,
                                       _start_demo_and_wait_for_a_checkpoint, _start_emulator,
-                                      local_demo)  # noqa: F401  (a fixture)
+                                      emulator, local_demo)  # noqa: F401  (fixtures)
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 
 STOP_WITHIN = 120   # seconds from the restart to the run's exit (the short retry budget: seconds)
@@ -75,7 +76,8 @@ def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts
   theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
             for r in read_metrics(local_demo)]
   assert ours == theirs
-  print(f"the run stopped {stopped_after:.0f} s after the store lost its bucket")
+  print(f"the run stopped {stopped_after:.0f} s after the store lost its bucket:",
+        [line for line in output.splitlines() if "Error" in line][-1])
 
 
 def test_a_run_whose_checkpoints_are_gone_says_what_it_trains_again(tmp_path, capsys):
@@ -102,3 +104,37 @@ def test_a_run_whose_checkpoints_are_gone_says_what_it_trains_again(tmp_path, ca
   assert (f"!!! [toy] NO CHECKPOINT in {workdir / 'checkpoints'}, but metrics.jsonl records "
           "this run up to step 6") in out
   assert [r["step"] for r in read_metrics(str(workdir), "train")] == list(range(1, 7))
+
+
+@pytest.mark.long_fault
+def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete_one(
+    emulator, local_demo, tmp_path):  # noqa: F811
+  """On Cloud Storage a checkpoint has no atomic rename: it is complete once its commit marker is
+  written. Killed while one is half written (objects there, no marker), the run must resume from
+  the one before it and end exactly as an uninterrupted run."""
+  import os
+  import signal
+  from tests.test_cloud_storage import _objects
+  prefix = "killed_mid_write"
+  proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  half_written = None
+  while half_written is None and proc.poll() is None:
+    names = _objects(emulator, f"{prefix}/checkpoints/")
+    steps = {int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit()}
+    committed = set(_committed_steps(emulator, prefix))
+    started = sorted(s for s in steps - committed if committed and s > max(committed))
+    if started:
+      os.kill(proc.pid, signal.SIGKILL)
+      half_written = started[0]
+  output = proc.communicate()[0]
+  assert half_written is not None, "no checkpoint caught half written:\n" + output[-3000:]
+  newest = max(_committed_steps(emulator, prefix))   # the half-written one, if it got its marker
+  again = subprocess.run(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
+                         capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert f"Resumed from the checkpoint at step {newest} " in again.stdout, again.stdout[-3000:]
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == theirs
+  print(f"killed with the checkpoint at step {half_written} half written; resumed from {newest}")
