@@ -7,6 +7,7 @@ checkpoint that is gone is claimed; and the same command, with the bucket back, 
 it starts again from step 0 and ends exactly as an uninterrupted run. Also kill -9 during a
 checkpoint write on gs:// (with `--long-faults`).
 """
+import json
 import subprocess
 import sys
 import time
@@ -138,3 +139,50 @@ def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete
             for r in read_metrics(local_demo)]
   assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == theirs
   print(f"killed with the checkpoint at step {half_written} half written; resumed from {newest}")
+
+
+@pytest.mark.long_fault
+def test_fine_tuning_on_gs_rides_out_a_30_s_outage(tmp_path):
+  """GLUE fine-tuning with its workdir on gs://: the emulator paused (SIGSTOP) for 30 s after the
+  first checkpoint, then continued. With the default retry budget (30 s without a byte, 6
+  retries) the run waits and ends exactly as the same run on local disk."""
+  import os
+  import signal
+  from tests import finetuning_fixtures as ftx
+  glue = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=12, dev=10, test=5))
+  ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
+  flags = ["--config.max_seq_length=16", "--config.eval_batch_size=4",
+           f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"]
+  config = "experiments/glue.py:task=mrpc,quick"
+  from tests.test_cloud_storage import _main
+  local = str(tmp_path / "local")
+  subprocess.run(_main(config, local, *flags), cwd=str(tmp_path), env=_env(), check=True,
+                 capture_output=True, timeout=600)
+  with _own_emulator() as (emulator_proc, url):
+    env = dict(_env(), STORAGE_EMULATOR_HOST=url, PYTHONFAULTHANDLER="1")
+    for name in ("BERT_JAX_STORAGE_TIMEOUT_SECS", "BERT_JAX_STORAGE_RETRIES",
+                 "BERT_JAX_STORAGE_RETRY_DELAY_SECS"):
+      env.pop(name, None)   # the defaults
+    proc = subprocess.Popen(_main(config, f"gs://{BUCKET}/ft_outage", *flags), cwd=str(tmp_path),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not _committed_steps(url, "ft_outage"):
+      assert proc.poll() is None, "the run ended before its first checkpoint:\n" + proc.stdout.read()
+      time.sleep(0.1)
+    emulator_proc.send_signal(signal.SIGSTOP)
+    time.sleep(30)
+    emulator_proc.send_signal(signal.SIGCONT)
+    try:
+      output = proc.communicate(timeout=900)[0]
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGABRT)
+      pytest.fail("the run did not end 15 minutes after the outage:\n"
+                  + proc.communicate()[0][-20000:])
+    assert proc.returncode == 0, output[-5000:]
+    for name in ("dev_predictions.tsv", "MRPC.tsv"):
+      with open(os.path.join(local, name), "rb") as f:
+        assert _download(url, f"ft_outage/{name}") == f.read(), name
+    results = json.loads(_download(url, "ft_outage/results.json"))
+  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  for key in ("best_value", "best_step", "dev", "files"):
+    assert results[key] == expected[key], key
