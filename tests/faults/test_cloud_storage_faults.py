@@ -1,24 +1,35 @@
-"""The Cloud Storage emulator restarted mid-run, its contents lost (a store that lost its data, a
-bucket deleted), through `python -m bert_jax.main` as in tests/test_cloud_storage.py.
+"""Faults of Cloud Storage (the emulator of tests/test_cloud_storage.py) under
+`python -m bert_jax.main`, as a user runs it.
 
-What a user needs: the run stops with an error naming the bucket (it used to loop for ever in
-TensorFlow's `makedirs`, asking the store about the missing bucket again and again); no
-checkpoint that is gone is claimed; and the same command, with the bucket back, says loudly that
-it starts again from step 0 and ends exactly as an uninterrupted run. Also kill -9 during a
-checkpoint write on gs:// (with `--long-faults`).
+* The emulator restarted mid-run, its contents lost (a store that lost its data, a bucket
+  deleted; a typo in a bucket's name is the same case): the run stops with an error naming the
+  path (it used to loop for ever in TensorFlow's `makedirs`, asking the store about the missing
+  bucket again and again); no checkpoint that is gone is claimed; the same command, with the
+  bucket back, starts again from step 0 and ends exactly as an uninterrupted run. A run that
+  finds metrics.jsonl but none of its checkpoints says loudly that it starts over.
+* With `--long-faults` (minutes each): kill -9 while a checkpoint is half written on gs://;
+  GLUE fine-tuning through a 30 s outage (the emulator paused).
 """
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
-                                      _env, _outage_env, _own_emulator, _records,
-                                      _start_demo_and_wait_for_a_checkpoint, _start_emulator,
-                                      emulator, local_demo)  # noqa: F401  (fixtures)
+from bert_jax import parallel
+from bert_jax.runtime import job as jobs
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from tests import finetuning_fixtures as ftx
+from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
+                                      _env, _main, _objects, _outage_env, _own_emulator,
+                                      _records, _start_demo_and_wait_for_a_checkpoint,
+                                      _start_emulator,
+                                      emulator, local_demo)  # noqa: F401  (fixtures)
+from tests.test_loop_actions import _toy_job
 
 STOP_WITHIN = 120   # seconds from the restart to the run's exit (the short retry budget: seconds)
 
@@ -43,18 +54,18 @@ def test_a_missing_bucket_is_an_error_naming_it_not_a_loop(tmp_path):
 
 def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts_over(
     local_demo, tmp_path):  # noqa: F811
-  with _own_emulator() as (emulator, url):
+  with _own_emulator() as (store, url):
     proc = _start_demo_and_wait_for_a_checkpoint(url, "restart", str(tmp_path))
-    emulator.kill()
-    emulator.wait()
+    store.kill()
+    store.wait()
     restarted = time.time()
     port = int(url.rsplit(":", 1)[1])
-    emulator, _ = _start_emulator(port=port)   # empty: no bucket, no objects
+    store, _ = _start_emulator(port=port)   # empty: no bucket, no objects
     try:
       try:
         output = proc.communicate(timeout=STOP_WITHIN)[0]
       except subprocess.TimeoutExpired:
-        proc.send_signal(6)   # SIGABRT: its threads' stacks (PYTHONFAULTHANDLER), then it ends
+        proc.send_signal(signal.SIGABRT)   # its threads' stacks (PYTHONFAULTHANDLER), then it ends
         pytest.fail(f"the run neither failed nor finished {STOP_WITHIN} s after the store lost "
                     "its bucket:\n" + proc.communicate()[0][-20000:])
       stopped_after = time.time() - restarted
@@ -72,8 +83,8 @@ def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts
       assert "Resumed from" not in again.stdout
       ours = _records(_download(url, "restart/metrics.jsonl"))
     finally:
-      emulator.kill()
-      emulator.wait()
+      store.kill()
+      store.wait()
   theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
             for r in read_metrics(local_demo)]
   assert ours == theirs
@@ -85,10 +96,6 @@ def test_a_run_whose_checkpoints_are_gone_says_what_it_trains_again(tmp_path, ca
   """The loop, on any store: steps metrics.jsonl recorded past the checkpoint resumed from are
   announced as trained again, and a run with none of its checkpoints left says loudly that it
   starts from step 0 (it used to start over without a word)."""
-  import shutil
-  from bert_jax import parallel
-  from bert_jax.runtime import job as jobs
-  from tests.test_loop_actions import _toy_job
   workdir = tmp_path / "toy"
   job = lambda: _toy_job(6, log_every_steps=1, checkpoint_every_steps=2)
   jobs.run(job(), str(workdir), parallel.JitParallel())
@@ -113,9 +120,6 @@ def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete
   """On Cloud Storage a checkpoint has no atomic rename: it is complete once its commit marker is
   written. Killed while one is half written (objects there, no marker), the run must resume from
   the one before it and end exactly as an uninterrupted run."""
-  import os
-  import signal
-  from tests.test_cloud_storage import _objects
   prefix = "killed_mid_write"
   proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -146,15 +150,11 @@ def test_fine_tuning_on_gs_rides_out_a_30_s_outage(tmp_path):
   """GLUE fine-tuning with its workdir on gs://: the emulator paused (SIGSTOP) for 30 s after the
   first checkpoint, then continued. With the default retry budget (30 s without a byte, 6
   retries) the run waits and ends exactly as the same run on local disk."""
-  import os
-  import signal
-  from tests import finetuning_fixtures as ftx
   glue = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=12, dev=10, test=5))
   ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
   flags = ["--config.max_seq_length=16", "--config.eval_batch_size=4",
            f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"]
   config = "experiments/glue.py:task=mrpc,quick"
-  from tests.test_cloud_storage import _main
   local = str(tmp_path / "local")
   subprocess.run(_main(config, local, *flags), cwd=str(tmp_path), env=_env(), check=True,
                  capture_output=True, timeout=600)
@@ -166,7 +166,7 @@ def test_fine_tuning_on_gs_rides_out_a_30_s_outage(tmp_path):
     proc = subprocess.Popen(_main(config, f"gs://{BUCKET}/ft_outage", *flags), cwd=str(tmp_path),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while not _committed_steps(url, "ft_outage"):
-      assert proc.poll() is None, "the run ended before its first checkpoint:\n" + proc.stdout.read()
+      assert proc.poll() is None, "ended before its first checkpoint:\n" + proc.stdout.read()
       time.sleep(0.1)
     emulator_proc.send_signal(signal.SIGSTOP)
     time.sleep(30)
