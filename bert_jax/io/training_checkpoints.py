@@ -16,6 +16,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
+import tensorflow as tf
 from absl import logging
 from etils import epath
 from orbax.checkpoint._src.serialization import tensorstore_utils as orbax_tensorstore
@@ -35,6 +36,9 @@ def _bound_tensorstore_retries() -> None:
 
 
 _bound_tensorstore_retries()
+# Orbax makes its directories through etils.epath, which calls tf.io.gfile (the guard's why:
+# remote_storage).
+remote_storage.guard_makedirs(tf.io.gfile)
 
 
 class CheckpointWriteError(OSError):
@@ -162,6 +166,12 @@ class TrainingCheckpointer:
       previous = [s for s in self._manager.all_steps() if step is None or s < step]
       resume = (f"the checkpoint at step {max(previous)} is the newest complete one"
                 if previous else "there is no complete checkpoint yet")
+      if _cause(e, remote_storage.MissingBucketError):   # the store lost what it held
+        raise CheckpointWriteError(
+            f"Could not write the checkpoint at step {step} in {self.directory}: {message}. "
+            "Every checkpoint this run wrote there is gone with its bucket; with the bucket "
+            "back, the same command starts from the newest checkpoint it then holds (none: "
+            "from step 0, and it says so).") from None
       cause = "the disk is full" if full else type(e).__name__
       raise CheckpointWriteError(
           f"Could not write the checkpoint at step {step} in {self.directory}: {cause} "

@@ -106,7 +106,24 @@ class Trainer:
     self.start_step = int(np.asarray(self.par.metrics({"step": state.step})["step"]))
     self.clock.seconds = self.checkpointer.restored_clock if restored is not None else 0.0
     self.writer = MetricWriter(self.workdir, resume_step=self.start_step)
+    self._report_steps_trained_again(restored is not None)
     return state
+
+  def _report_steps_trained_again(self, resumed: bool) -> None:
+    """Says which logged steps are trained again: those after the checkpoint resumed from, or,
+    with no checkpoint at all, every step a previous run logged (its checkpoints never written,
+    set aside as unreadable, or lost with the store), so a run never starts over unannounced."""
+    beyond = self.writer.recorded_beyond
+    if beyond is None or not self.writer.enabled:
+      return
+    if resumed:
+      print(f"[{self.name}] metrics.jsonl went on to step {beyond}: steps "
+            f"{self.start_step + 1}-{beyond} are trained again.", flush=True)
+    else:
+      print(f"\n!!! [{self.name}] NO CHECKPOINT in {self.checkpointer.directory}, but "
+            f"metrics.jsonl records this run up to step {beyond}: its checkpoints were never "
+            "written, were set aside as unreadable, or were lost with the store. Training starts "
+            "again from step 0.\n", flush=True)
 
   @property
   def resumed(self) -> bool:

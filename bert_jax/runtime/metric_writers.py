@@ -60,6 +60,8 @@ class MetricWriter:
     self.path = filesystem.join(workdir, METRICS_FILE)
     self._buffered = filesystem.is_url(self.path)   # whole-file rewrites at flush()
     self._lines: List[str] = []
+    # The last step metrics.jsonl recorded beyond `resume_step` (lines cut), or None.
+    self.recorded_beyond: Optional[int] = None
     self._tb = None
     if not self.enabled:
       return
@@ -72,7 +74,9 @@ class MetricWriter:
       logging.warning("TensorBoard summaries disabled: %s", e)
 
   def _truncate_after(self, workdir: str, step: int) -> None:
-    self._lines = [json.dumps(r) + "\n" for r in read_metrics(workdir) if r["step"] <= step]
+    records = read_metrics(workdir)
+    self._lines = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
+    self.recorded_beyond = max((r["step"] for r in records if r["step"] > step), default=None)
     filesystem.write_text(self.path, "".join(self._lines))
 
   def write(self, step: int, split: str, metrics: Dict[str, float]) -> None:

@@ -1,0 +1,188 @@
+"""Faults of Cloud Storage (the emulator of tests/test_cloud_storage.py) under
+`python -m bert_jax.main`, as a user runs it.
+
+* The emulator restarted mid-run, its contents lost (a store that lost its data, a bucket
+  deleted; a typo in a bucket's name is the same case): the run stops with an error naming the
+  path (it used to loop for ever in TensorFlow's `makedirs`, asking the store about the missing
+  bucket again and again); no checkpoint that is gone is claimed; the same command, with the
+  bucket back, starts again from step 0 and ends exactly as an uninterrupted run. A run that
+  finds metrics.jsonl but none of its checkpoints says loudly that it starts over.
+* With `--long-faults` (minutes each): kill -9 while a checkpoint is half written on gs://;
+  GLUE fine-tuning through a 30 s outage (the emulator paused).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_jax import parallel
+from bert_jax.runtime import job as jobs
+from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from tests import finetuning_fixtures as ftx
+from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
+                                      _env, _main, _objects, _outage_env, _own_emulator,
+                                      _records, _start_demo_and_wait_for_a_checkpoint,
+                                      _start_emulator,
+                                      emulator, local_demo)  # noqa: F401  (fixtures)
+from tests.test_loop_actions import _toy_job
+
+STOP_WITHIN = 120   # seconds from the restart to the run's exit (the short retry budget: seconds)
+
+
+def test_a_missing_bucket_is_an_error_naming_it_not_a_loop(tmp_path):
+  """Our filesystem layer and Orbax's paths (etils.epath over tf.io.gfile) alike."""
+  script = (
+      "from etils import epath\n"
+      "from bert_jax.io import filesystem, remote_storage, training_checkpoints\n"
+      "for make in (filesystem.makedirs,\n"
+      "             lambda p: epath.Path(p).mkdir(parents=True, exist_ok=True)):\n"
+      "  try:\n"
+      "    make('gs://no-such-bucket/run/checkpoints')\n"
+      "  except remote_storage.MissingBucketError as e:\n"
+      "    print(e)\n")
+  with _own_emulator() as (_, url):
+    run = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path),
+                         env=dict(_outage_env(url)), capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  assert run.stdout.count("the bucket gs://no-such-bucket does not exist") == 2, run.stdout
+
+
+def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts_over(
+    local_demo, tmp_path):  # noqa: F811
+  with _own_emulator() as (store, url):
+    proc = _start_demo_and_wait_for_a_checkpoint(url, "restart", str(tmp_path))
+    store.kill()
+    store.wait()
+    restarted = time.time()
+    port = int(url.rsplit(":", 1)[1])
+    store, _ = _start_emulator(port=port)   # empty: no bucket, no objects
+    try:
+      try:
+        output = proc.communicate(timeout=STOP_WITHIN)[0]
+      except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)   # its threads' stacks (PYTHONFAULTHANDLER), then it ends
+        pytest.fail(f"the run neither failed nor finished {STOP_WITHIN} s after the store lost "
+                    "its bucket:\n" + proc.communicate()[0][-20000:])
+      stopped_after = time.time() - restarted
+      assert proc.returncode == 1, output[-5000:]
+      assert f"the bucket gs://{BUCKET} does not exist" in output or "404" in output, \
+          output[-5000:]
+      assert f"gs://{BUCKET}/restart" in output, output[-5000:]
+
+      # The bucket back, empty: the same command starts again from step 0, and says so.
+      _create_bucket(url)
+      assert not _committed_steps(url, "restart")
+      again = subprocess.run(_demo(f"gs://{BUCKET}/restart"), cwd=str(tmp_path),
+                             env=_outage_env(url), capture_output=True, text=True, timeout=600)
+      assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+      assert "Resumed from" not in again.stdout
+      ours = _records(_download(url, "restart/metrics.jsonl"))
+    finally:
+      store.kill()
+      store.wait()
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert ours == theirs
+  print(f"the run stopped {stopped_after:.0f} s after the store lost its bucket:",
+        [line for line in output.splitlines() if "Error" in line][-1])
+
+
+def test_a_run_whose_checkpoints_are_gone_says_what_it_trains_again(tmp_path, capsys):
+  """The loop, on any store: steps metrics.jsonl recorded past the checkpoint resumed from are
+  announced as trained again, and a run with none of its checkpoints left says loudly that it
+  starts from step 0 (it used to start over without a word)."""
+  workdir = tmp_path / "toy"
+  job = lambda: _toy_job(6, log_every_steps=1, checkpoint_every_steps=2)
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  capsys.readouterr()
+  shutil.rmtree(workdir / "checkpoints" / "6")
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  out = capsys.readouterr().out
+  assert "Resumed from the checkpoint at step 4" in out
+  assert "metrics.jsonl went on to step 6: steps 5-6 are trained again." in out
+  shutil.rmtree(workdir / "checkpoints")
+  jobs.run(job(), str(workdir), parallel.JitParallel())
+  out = capsys.readouterr().out
+  assert "Resumed" not in out
+  assert (f"!!! [toy] NO CHECKPOINT in {workdir / 'checkpoints'}, but metrics.jsonl records "
+          "this run up to step 6") in out
+  assert [r["step"] for r in read_metrics(str(workdir), "train")] == list(range(1, 7))
+
+
+@pytest.mark.long_fault
+def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete_one(
+    emulator, local_demo, tmp_path):  # noqa: F811
+  """On Cloud Storage a checkpoint has no atomic rename: it is complete once its commit marker is
+  written. Killed while one is half written (objects there, no marker), the run must resume from
+  the one before it and end exactly as an uninterrupted run."""
+  prefix = "killed_mid_write"
+  proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  half_written = None
+  while half_written is None and proc.poll() is None:
+    names = _objects(emulator, f"{prefix}/checkpoints/")
+    steps = {int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit()}
+    committed = set(_committed_steps(emulator, prefix))
+    started = sorted(s for s in steps - committed if committed and s > max(committed))
+    if started:
+      os.kill(proc.pid, signal.SIGKILL)
+      half_written = started[0]
+  output = proc.communicate()[0]
+  assert half_written is not None, "no checkpoint caught half written:\n" + output[-3000:]
+  newest = max(_committed_steps(emulator, prefix))   # the half-written one, if it got its marker
+  again = subprocess.run(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
+                         capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert f"Resumed from the checkpoint at step {newest} " in again.stdout, again.stdout[-3000:]
+  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in read_metrics(local_demo)]
+  assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == theirs
+  print(f"killed with the checkpoint at step {half_written} half written; resumed from {newest}")
+
+
+@pytest.mark.long_fault
+def test_fine_tuning_on_gs_rides_out_a_30_s_outage(tmp_path):
+  """GLUE fine-tuning with its workdir on gs://: the emulator paused (SIGSTOP) for 30 s after the
+  first checkpoint, then continued. With the default retry budget (30 s without a byte, 6
+  retries) the run waits and ends exactly as the same run on local disk."""
+  glue = ftx.write_glue_dir(str(tmp_path / "glue"), dict(train=12, dev=10, test=5))
+  ckpt = ftx.write_checkpoint(str(tmp_path / "ckpt"))
+  flags = ["--config.max_seq_length=16", "--config.eval_batch_size=4",
+           f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"]
+  config = "experiments/glue.py:task=mrpc,quick"
+  local = str(tmp_path / "local")
+  subprocess.run(_main(config, local, *flags), cwd=str(tmp_path), env=_env(), check=True,
+                 capture_output=True, timeout=600)
+  with _own_emulator() as (emulator_proc, url):
+    env = dict(_env(), STORAGE_EMULATOR_HOST=url, PYTHONFAULTHANDLER="1")
+    for name in ("BERT_JAX_STORAGE_TIMEOUT_SECS", "BERT_JAX_STORAGE_RETRIES",
+                 "BERT_JAX_STORAGE_RETRY_DELAY_SECS"):
+      env.pop(name, None)   # the defaults
+    proc = subprocess.Popen(_main(config, f"gs://{BUCKET}/ft_outage", *flags), cwd=str(tmp_path),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not _committed_steps(url, "ft_outage"):
+      assert proc.poll() is None, "ended before its first checkpoint:\n" + proc.stdout.read()
+      time.sleep(0.1)
+    emulator_proc.send_signal(signal.SIGSTOP)
+    time.sleep(30)
+    emulator_proc.send_signal(signal.SIGCONT)
+    try:
+      output = proc.communicate(timeout=900)[0]
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGABRT)
+      pytest.fail("the run did not end 15 minutes after the outage:\n"
+                  + proc.communicate()[0][-20000:])
+    assert proc.returncode == 0, output[-5000:]
+    for name in ("dev_predictions.tsv", "MRPC.tsv"):
+      with open(os.path.join(local, name), "rb") as f:
+        assert _download(url, f"ft_outage/{name}") == f.read(), name
+    results = json.loads(_download(url, "ft_outage/results.json"))
+  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  for key in ("best_value", "best_step", "dev", "files"):
+    assert results[key] == expected[key], key
