@@ -716,7 +716,7 @@ class SquadTask(Task):
                                default=self.config.null_score_diff_threshold)
 
   def signature_notes(self, directory):
-    notes = {k: self.config.get(k) for k in (
+    notes = {k: self.config[k] for k in (
         "version", "max_query_length", "doc_stride", "max_answer_length", "n_best_size")}
     threshold_file = filesystem.join(directory, THRESHOLD_FILE)
     if filesystem.exists(threshold_file):   # SQuAD v2.0: the tuned "no answer" threshold
