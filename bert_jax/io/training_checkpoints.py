@@ -81,7 +81,7 @@ def fingerprints(state) -> dict:
   sums = jax.device_get(_bit_sums(state))
   flat, _ = jax.tree_util.tree_flatten_with_path(sums)
   dtypes = jax.tree_util.tree_leaves(state)
-  return {_path_name(path): [int(v[0]), int(v[1]), str(np.dtype(x.dtype))]
+  return {_path_name(path): [int(v[0]), int(v[1]), str(x.dtype)]
           for (path, v), x in zip(flat, dtypes)}
 
 

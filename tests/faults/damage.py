@@ -8,15 +8,16 @@ def _files(directory):
 
 
 def bytes_changed(step_dir):
-  """One byte inverted in the middle of every array data file (OCDBT `d/` files): the kind of
-  damage no storage layer reports (the values decode, to other numbers)."""
-  for path in _files(os.path.join(step_dir, "state")):
-    if os.path.basename(os.path.dirname(path)) == "d":
-      with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
+  """One byte inverted in the middle of the largest array data file (an OCDBT `d/` file): the
+  kind of damage no storage layer reports (the values decode, to other numbers)."""
+  data = [path for path in _files(os.path.join(step_dir, "state"))
+          if os.path.basename(os.path.dirname(path)) == "d"]
+  path = max(data, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def truncated(step_dir):

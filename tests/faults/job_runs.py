@@ -24,9 +24,10 @@ from tests import finetuning_fixtures as fx
 JOBS = ("pretraining", "glue", "squad", "tagger")
 TMP = ".orbax-checkpoint-tmp"
 # Which files of a finished run must be byte for byte those of the uninterrupted run.
-RESULT_FILES = {"pretraining": (), "glue": ("dev_predictions.tsv", "MRPC.tsv", "best/head.safetensors"),
-                "squad": ("predictions.json", "nbest_predictions.json", "best/head.safetensors"),
-                "tagger": ("table.md",)}
+RESULT_FILES = {
+    "pretraining": (), "glue": ("dev_predictions.tsv", "MRPC.tsv", "best/head.safetensors"),
+    "squad": ("predictions.json", "nbest_predictions.json", "best/head.safetensors"),
+    "tagger": ("table.md",)}
 # Each job checkpoints after every step and evaluates every second step (the tagger: every
 # epoch of one step), so that one run can be interrupted several times in turn.
 EXPERIMENTS = {
