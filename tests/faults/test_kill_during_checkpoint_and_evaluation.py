@@ -12,8 +12,9 @@ command again:
 3. SIGTERM while a checkpoint is written: that write completes, the run saves once more at the
    next step and exits 0;
 4. kill -9 during an evaluation: the run dies; no evaluation line of that step is left;
-5. the newest checkpoint damaged on disk (bytes changed, files truncated, or its commit marker
-   gone; one kind per job, every kind against the checkpointer in test_damaged_checkpoint.py):
+5. the newest checkpoint damaged on disk (bytes changed throughout its array files, files
+   truncated, or its commit marker gone; one kind per job, every kind against the checkpointer
+   in test_damaged_checkpoint.py):
    the next run sets it aside and goes on from the one before (or, where a job keeps one
    checkpoint, from the start); a marker missing on a local disk, where the rename is the
    commit, leaves a good checkpoint that is used.
@@ -29,8 +30,8 @@ import pytest
 from tests.faults import damage, job_runs
 from tests.faults.job_runs import JOBS, Interruption, checkpoint_steps, output, train_dir
 
-DAMAGE = {"pretraining": "bytes_changed", "glue": "truncated", "squad": "no_commit_marker",
-          "tagger": "bytes_changed"}
+DAMAGE = {"pretraining": "bytes_changed_throughout", "glue": "truncated",
+          "squad": "no_commit_marker", "tagger": "bytes_changed_throughout"}
 
 
 def _resumed_step(text):
