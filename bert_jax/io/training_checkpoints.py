@@ -85,8 +85,8 @@ def fingerprints(state) -> dict:
 
 
 def _path_name(path) -> str:
-  """"params/bert/pooler/dense/kernel": the same for a TrainState and the dict Orbax reads
-  it back as."""
+  """An array's path such as `params/bert/pooler/dense/kernel`: the same for a TrainState and
+  for the dict Orbax reads it back as."""
   return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
 
 
