@@ -279,6 +279,11 @@ def test_fine_tuned_best_directory_predicts_without_training(mrpc_run, data, tmp
   assert again["dev"] == results["dev"]
   assert _tsv(os.path.join(tmp_path, "predict", "MRPC.tsv")) == _tsv(
       os.path.join(workdir, "MRPC.tsv"))
+  # The same predict-only command again: one evaluation of step 0 in metrics.jsonl, not two.
+  before = read_metrics(str(tmp_path / "predict"))
+  assert [(r["step"], r["split"]) for r in before] == [(0, "eval")]
+  assert tasks.run(config, str(tmp_path / "predict"))["dev"] == results["dev"]
+  assert read_metrics(str(tmp_path / "predict")) == before
 
 
 class _Killed(Exception):

@@ -3,9 +3,12 @@
 Layout: `WORKDIR/checkpoints/<step>/state` (the TrainState pytree) and
 `WORKDIR/checkpoints/<step>/data/process_<i>` (each host's tf.data iterator), written together so a
 restart continues from exactly the batch after the checkpoint. Orbax finalises a step directory
-atomically, so a run killed mid-save leaves no half checkpoint behind. A step directory that is
-complete but unreadable (truncated or corrupted on disk) is moved to `WORKDIR/checkpoints_corrupt/`
-with a loud message and the previous one is used; a run never silently restarts from scratch.
+atomically, so a run killed mid-save leaves no half checkpoint behind. Each checkpoint also holds
+`fingerprints`: two sums of the bits of every array of the state, compared with the restored
+arrays (a byte changed on disk can decode to other numbers without any error from the storage
+layers). A step directory that is complete but unreadable or whose arrays do not match their
+fingerprints (truncated or corrupted on disk) is moved to `WORKDIR/checkpoints_corrupt/` with a
+loud message and the previous one is used; a run never silently restarts from scratch.
 """
 import contextlib
 import dataclasses
@@ -15,6 +18,7 @@ import time
 from typing import Any, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import tensorflow as tf
 from absl import logging
@@ -49,6 +53,58 @@ class CheckpointWriteError(OSError):
 # How storage layers say "no space": errno ENOSPC, TensorStore's RESOURCE_EXHAUSTED, quotas.
 _NO_SPACE = ("No space left on device", "RESOURCE_EXHAUSTED", "Disk quota exceeded",
              "ENOSPC", "Failed to write")
+
+
+class CheckpointDamagedError(ValueError):
+  """A checkpoint that Orbax reads without error but whose arrays are not the ones saved."""
+
+
+@jax.jit
+def _bit_sums(tree):
+  """Per array: the sum of its values' bits (as unsigned integers) and the sum weighted by
+  position, both mod 2**32. Integer sums are exact and associative: the same numbers whatever
+  the mesh or topology that computes them, and any changed, lost or moved value changes them."""
+
+  def sums(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+      bits = x.astype(jnp.uint32)
+    else:
+      bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    bits = bits.reshape(-1).astype(jnp.uint32)                            # [N]
+    position = jnp.arange(1, bits.size + 1, dtype=jnp.uint32)             # [N]
+    return jnp.stack([bits.sum(dtype=jnp.uint32), (bits * position).sum(dtype=jnp.uint32)])
+
+  return jax.tree_util.tree_map(sums, tree)
+
+
+def fingerprints(state) -> dict:
+  """{array path: [bit sum, position-weighted bit sum, dtype]} of a state (see `_bit_sums`)."""
+  sums = jax.device_get(_bit_sums(state))
+  flat, _ = jax.tree_util.tree_flatten_with_path(sums)
+  dtypes = jax.tree_util.tree_leaves(state)
+  return {_path_name(path): [int(v[0]), int(v[1]), str(x.dtype)]
+          for (path, v), x in zip(flat, dtypes)}
+
+
+def _path_name(path) -> str:
+  """An array's path such as `params/bert/pooler/dense/kernel`: the same for a TrainState and
+  for the dict Orbax reads it back as."""
+  return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+def check_fingerprints(saved: dict, state, where: str) -> None:
+  """Raises CheckpointDamagedError naming the arrays of `state` that differ from `saved`
+  (arrays restored in another dtype than they were saved in are not compared)."""
+  restored = fingerprints(state)
+  differ = [path for path, (total, weighted, dtype) in saved.items()
+            if path in restored and restored[path][2] == dtype
+            and restored[path][:2] != [total, weighted]]
+  if differ:
+    raise CheckpointDamagedError(
+        f"{len(differ)} of {len(saved)} arrays read from {where} differ from what was saved "
+        f"(first: {differ[0]}): the files were changed on disk after they were written")
 
 
 class InputMovedError(FileNotFoundError):
@@ -129,7 +185,7 @@ class TrainingCheckpointer:
         cleanup_tmp_directories=True,
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     return _CheckpointManager(epath.Path(self.directory), options=options,
-                              item_names=("state", "data", "clock"))
+                              item_names=("state", "data", "clock", "fingerprints"))
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -137,7 +193,8 @@ class TrainingCheckpointer:
   def save(self, step: int, state, iterator=None, force: bool = False,
            train_seconds: Optional[float] = None) -> bool:
     """`train_seconds`: the run's training clock at `step`, restored with it (`restored_clock`)."""
-    items = {"state": ocp.args.StandardSave(state)}
+    items = {"state": ocp.args.StandardSave(state),
+             "fingerprints": ocp.args.JsonSave(fingerprints(state))}
     if iterator is not None:
       items["data"] = DataIteratorSave(iterator)
     if train_seconds is not None:
@@ -196,43 +253,64 @@ class TrainingCheckpointer:
       if step is None:
         return None, None
       items = {"state": ocp.args.StandardRestore(abstract_state)}
+      # Checkpoints written before the clock or the fingerprints were saved have none: the clock
+      # then starts at 0, and the arrays are taken as read.
+      for name in ("clock", "fingerprints"):
+        if filesystem.exists(filesystem.join(self.directory, str(step), name)):
+          items[name] = ocp.args.JsonRestore()
       if iterator is not None:
         items["data"] = DataIteratorRestore(iterator)
-      # Checkpoints written before the clock was saved have none: the clock then starts at 0.
-      has_clock = filesystem.exists(filesystem.join(self.directory, str(step), "clock"))
-      if has_clock:
-        items["clock"] = ocp.args.JsonRestore()
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        self.restored_clock = float(restored["clock"]["train_seconds"]) if has_clock else 0.0
+        self._checked(step, restored)
         return step, restored["state"]
       except Exception as e:  # pylint: disable=broad-except
         moved = _cause(e, InputMovedError)
         if moved is None:
           self._set_aside(step, e)
           continue
-      state = self._manager.restore(step, args=ocp.args.Composite(
-          **{k: v for k, v in items.items() if k != "data"}))
-      self.restored_clock = float(state["clock"]["train_seconds"]) if has_clock else 0.0
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            **{k: v for k, v in items.items() if k != "data"}))
+        self._checked(step, restored)
+      except Exception as e:  # pylint: disable=broad-except
+        self._set_aside(step, e)
+        continue
       print(f"{moved}. The checkpoint at step {step} is good: its state is restored and the "
             f"input position replayed from the files as configured now ({step} batches).",
             flush=True)
       iterator.skip(step)
-      return step, state["state"]
+      return step, restored["state"]
+
+  def _checked(self, step: int, restored) -> None:
+    """The restored state checked against its fingerprints; the training clock taken."""
+    if "fingerprints" in restored:
+      check_fingerprints(restored["fingerprints"], restored["state"],
+                         filesystem.join(self.directory, str(step), "state"))
+    self.restored_clock = (float(restored["clock"]["train_seconds"]) if "clock" in restored
+                           else 0.0)
 
   def restore_params(self, step: int):
     """The parameters saved at `step`, as host-side arrays on this process's first device,
     whatever mesh wrote them (a pod run exported or fine-tuned from one process)."""
     target = _on_this_process(filesystem.join(self.directory, str(step), "state"))
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    items = {"state": ocp.args.StandardRestore(target)}
+    if filesystem.exists(filesystem.join(self.directory, str(step), "fingerprints")):
+      items["fingerprints"] = ocp.args.JsonRestore()
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    if "fingerprints" in restored:
+      check_fingerprints(restored["fingerprints"], restored["state"],
+                         filesystem.join(self.directory, str(step), "state"))
     return restored["state"]["params"]
 
   def _set_aside(self, step: int, error: Exception) -> None:
     source = filesystem.join(self.directory, str(step))
     target = filesystem.join(self.corrupt_directory, f"{step}-{int(time.time())}")
+    earlier = [s for s in self._manager.all_steps() if s < step]
+    fallback = (f"falling back to the previous checkpoint (step {max(earlier)})" if earlier
+                else "there is no earlier checkpoint: the run starts from the beginning")
     message = (f"CHECKPOINT AT STEP {step} IS UNREADABLE ({type(error).__name__}: {error}). "
-               f"Moved it to {target}; falling back to the previous checkpoint.")
+               f"Moved it to {target}; {fallback}.")
     logging.error(message)
     print(f"\n!!! {message}\n", flush=True)
     if jax.process_index() == 0:  # one process moves the shared directory

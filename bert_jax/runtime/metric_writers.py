@@ -4,7 +4,8 @@ prints the console lines.
 Each JSON line is `{"step": int, "split": "train"|"eval", "loss": float, "mlm_accuracy": ...,
 "nsp_accuracy": ..., ...}`. On resume the file is cut back to the restored step, so a run that was
 killed and restarted leaves exactly the lines of an uninterrupted run (no duplicates, no torn
-last line).
+last line); a run that starts from step 0 (nothing to resume: a predict-only run again, or every
+checkpoint unreadable) starts the file afresh.
 
 On a local disk every line is appended as it is logged. On Cloud Storage (objects cannot be
 appended to) the lines are kept and the file is rewritten whole at `flush()`, which the training
@@ -75,7 +76,9 @@ class MetricWriter:
 
   def _truncate_after(self, workdir: str, step: int) -> None:
     records = read_metrics(workdir)
-    self._lines = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
+    # The lines at the restored step itself were logged before its checkpoint was saved, and a
+    # resumed run does not log them again; a run from step 0 logs all of its lines.
+    self._lines = [json.dumps(r) + "\n" for r in records if step > 0 and r["step"] <= step]
     self.recorded_beyond = max((r["step"] for r in records if r["step"] > step), default=None)
     filesystem.write_text(self.path, "".join(self._lines))
 
