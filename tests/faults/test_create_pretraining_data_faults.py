@@ -7,7 +7,7 @@ would pass for a finished one), and the same command afterwards writes exactly t
 uninterrupted run. An input with no text is an error naming it, with no output left behind.
 
 The Beam kill is the longer variant (two multi-process DirectRunner runs, about a minute):
-  BERT_JAX_LONG_FAULTS=1 python -m pytest tests/faults/test_create_pretraining_data_faults.py
+  python -m pytest --long-faults tests/faults/test_create_pretraining_data_faults.py
 """
 import os
 import signal
@@ -22,10 +22,6 @@ from tests import test_create_pretraining_data as single_machine_tests
 
 SEQ, PREDS, ROOT = single_machine_tests.SEQ, single_machine_tests.PREDS, single_machine_tests.ROOT
 OPTIONS = dict(max_seq_length=SEQ, max_predictions_per_seq=PREDS, dupe_factor=10)
-LONG = pytest.mark.skipif(
-    not os.environ.get("BERT_JAX_LONG_FAULTS"),
-    reason="the longer fault variant: BERT_JAX_LONG_FAULTS=1 python -m pytest "
-           "tests/faults/test_create_pretraining_data_faults.py")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +106,7 @@ def test_an_input_without_text_is_named_on_beam(corpus, tmp_path):
   assert os.listdir(tmp_path / "out") == []
 
 
-@LONG
+@pytest.mark.long_fault
 def test_kill_9_then_rerun_on_beam_writes_the_uninterrupted_files(corpus, reference, tmp_path):
   pytest.importorskip("apache_beam", reason="apache-beam is not installed (pip install "
                       "'bert_jax[beam]'), so the Beam builder (--runner) is not tested")
