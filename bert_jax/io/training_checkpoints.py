@@ -293,14 +293,23 @@ class TrainingCheckpointer:
   def restore_params(self, step: int):
     """The parameters saved at `step`, as host-side arrays on this process's first device,
     whatever mesh wrote them (a pod run exported or fine-tuned from one process)."""
-    target = _on_this_process(filesystem.join(self.directory, str(step), "state"))
-    items = {"state": ocp.args.StandardRestore(target)}
-    if filesystem.exists(filesystem.join(self.directory, str(step), "fingerprints")):
-      items["fingerprints"] = ocp.args.JsonRestore()
-    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-    if "fingerprints" in restored:
-      check_fingerprints(restored["fingerprints"], restored["state"],
-                         filesystem.join(self.directory, str(step), "state"))
+    step_dir = filesystem.join(self.directory, str(step))
+    try:
+      target = _on_this_process(filesystem.join(step_dir, "state"))
+      items = {"state": ocp.args.StandardRestore(target)}
+      if filesystem.exists(filesystem.join(step_dir, "fingerprints")):
+        items["fingerprints"] = ocp.args.JsonRestore()
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+      if "fingerprints" in restored:
+        check_fingerprints(restored["fingerprints"], restored["state"],
+                           filesystem.join(step_dir, "state"))
+    except Exception as error:  # pylint: disable=broad-except  (any read failure: named below)
+      earlier = [s for s in self._manager.all_steps() if s < step]
+      advice = (f"; the checkpoint before it (step {max(earlier)}) is used once {step_dir} is "
+                "moved away" if earlier else "")
+      raise CheckpointDamagedError(
+          f"The checkpoint {step_dir} cannot be read: {type(error).__name__}: "
+          f"{str(error)[:500]}{advice}") from error
     return restored["state"]["params"]
 
   def _set_aside(self, step: int, error: Exception) -> None:

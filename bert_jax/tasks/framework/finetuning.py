@@ -41,7 +41,7 @@ from absl import logging
 from flax import traverse_util
 
 from bert_jax import parallel
-from bert_jax.io import checkpoints, filesystem
+from bert_jax.io import checkpoints, file_digests, filesystem
 from bert_jax.model import flops, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
@@ -290,9 +290,22 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
   if task_config is not None:
     filesystem.write_text(filesystem.join(directory, TASK_CONFIG),
                           task_config.to_json_best_effort(indent=2, sort_keys=True))
-  # Written last: a best/ directory with best.json is complete.
+  # Written last: a best/ directory with best.json is complete. It records every other file's
+  # size and SHA-256, which `check_best` compares before the files are used.
+  digests = file_digests.digests(
+      directory, [n for n in filesystem.listdir(directory)
+                  if n != BEST_INFO and filesystem.isfile(filesystem.join(directory, n))])
   filesystem.write_text(filesystem.join(directory, BEST_INFO),
-                        json.dumps(info, indent=2, sort_keys=True))
+                        json.dumps(dict(info, file_digests=digests), indent=2, sort_keys=True))
+
+
+def check_best(directory: str) -> None:
+  """Raises file_digests.DamagedFileError naming a file of best/ that was cut short or changed
+  after the run wrote it (best/ written before digests were recorded is taken as it is)."""
+  path = filesystem.join(directory, BEST_INFO)
+  recorded = json.loads(filesystem.read_text(path)).get("file_digests")
+  if recorded:
+    file_digests.check(directory, recorded, path)
 
 
 def read_head(directory: str) -> Dict:
@@ -304,6 +317,7 @@ def read_head(directory: str) -> Dict:
 
 
 def load_best(directory: str, bert_config: BertConfig) -> Dict:
+  check_best(directory)
   _, encoder = checkpoints.load_pretrained(directory)
   encoder = checkpoints.to_model_layout(encoder, bert_config)
   return {"bert": encoder["bert"], "head": read_head(directory)}

@@ -70,6 +70,7 @@ def load(path: str, **model_overrides) -> FineTuned:
 
   model_overrides: runtime fields of `config.model` (e.g. dtype="bfloat16")."""
   directory = best_directory(path)
+  finetuning.check_best(directory)
   # Everything comes from best/ now, whatever paths the run had (they may not exist here).
   vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
   config = config_names.replaced(read_task_config(directory), dict(
