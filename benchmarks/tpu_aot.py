@@ -3,7 +3,7 @@ the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
 
   pip install "jax[tpu]"
   python -m benchmarks.tpu_aot --sizes=base,large --seqs=128,512 --packing=off,on \
-    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--model_parallelism=1] \
+    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--fsdp] [--model_parallelism=1] \
     [--kernels="tuned;textbook"]
 
   python -m benchmarks.tpu_aot --sizes=base --seqs=128 --slices=v5litepod-8 --batch=256 \
@@ -34,13 +34,13 @@ PAPER_STEPS = 1_000_000
 
 
 def config_for(size: str, seq: int, packing: bool, batch: int, model_parallelism: int,
-               scan_layers: bool = False, remat: bool = False):
+               scan_layers: bool = False, remat: bool = False, fsdp: bool = False):
   c = pretraining_defaults.get_config(size)
   c.model.update(dtype="bfloat16", max_position_embeddings=max(512, seq),
                  scan_layers=scan_layers, remat=remat)
   c.max_seq_length, c.max_predictions_per_seq = seq, max(20, int(round(seq * 0.15)))
   c.global_batch_size, c.eval_batch_size = batch, 64
-  c.model_parallelism = model_parallelism
+  c.model_parallelism, c.fsdp = model_parallelism, fsdp
   c.data.packing = packing
   c.data.max_pairs_per_row = max(1, seq // 32)
   return c
@@ -61,6 +61,9 @@ def main():
                       "about L times faster (BERT-large: 24)")
   parser.add_argument("--remat", action="store_true",
                       help="rematerialise each layer in the backward pass (less memory)")
+  parser.add_argument("--fsdp", action="store_true",
+                      help="config.fsdp: parameters, gradients and Adam moments split along the "
+                      "data axis (less memory per chip, a larger batch)")
   parser.add_argument("--kernels", default="auto",
                       help="config.model.kernels, a comma list of variants to compare, e.g. "
                       "tuned,textbook (BertConfig.kernels values separated by ';')")
@@ -100,7 +103,7 @@ def main():
         for accelerator, kernel_choice in ((a, k) for a in args.slices.split(",")
                                            for k in args.kernels.split(";")):
           config = config_for(size, seq, packing, args.batch, args.model_parallelism,
-                              args.scan_layers, args.remat)
+                              args.scan_layers, args.remat, args.fsdp)
           config.model.kernels = kernel_choice
           # The report's summary and the batch search's progress to stderr: stdout holds only
           # the JSON lines.
@@ -108,7 +111,7 @@ def main():
             report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
                                         args.find_max_batch)
           row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice,
-                 "scan_layers": args.scan_layers, "remat": args.remat, **{
+                 "scan_layers": args.scan_layers, "remat": args.remat, "fsdp": args.fsdp, **{
               k: report.get(k) for k in (
                   "topology", "num_devices", "num_hosts", "global_batch_size", "fits",
                   "over_by_bytes",
@@ -157,7 +160,7 @@ def markdown_tables(rows) -> str:
   A cell compiled both unrolled and with `scan_layers` has a row for each (`layers` column); the
   largest batch is that of the search's own layer form, named beside it."""
   layers = lambda r: ("scanned" if r.get("scan_layers") else "unrolled") + (
-      " + remat" if r.get("remat") else "")
+      " + remat" if r.get("remat") else "") + (" + fsdp" if r.get("fsdp") else "")
   cell = lambda r: (r["size"], r["seq"], r["packing"], r["topology"])
   largest = {cell(r) + (layers(r),): r["max_global_batch_size"] for r in rows
              if r.get("max_global_batch_size")}
