@@ -78,7 +78,11 @@ def test_a_whole_encoder_with_splash_equals_xla(mask_kind):
   np.testing.assert_allclose(got, expected, rtol=1e-5)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
                           jax.tree_util.tree_leaves(expected_grads)):
-    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+    # Float32 sums in another order (the kernel's blocks; the CPU's vector width): an element
+    # that cancels to near zero keeps an error of the size of its largest terms, so the absolute
+    # tolerance scales with the leaf's magnitude (embedding gradients reach ~1e3 here).
+    atol = 2e-6 * max(1.0, float(np.abs(b).max()))
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=atol, err_msg=jax.tree_util.keystr(path))
 
 
 def test_what_splash_cannot_do_is_a_clear_error():
