@@ -169,9 +169,13 @@ class Trainer:
         action.resume()
 
   def _save(self, state, step: int) -> None:
+    # The lines up to `step` durable first: once its checkpoint is complete (in the background,
+    # on Cloud Storage when its commit marker lands) a run killed at any moment resumes from it
+    # and logs only the steps after it. Flushed after, a kill between the two lost the step's
+    # lines for good; lines past the newest checkpoint are cut by the resumed run.
+    self.writer.flush()
     self.checkpointer.save(step, self.par.checkpointable(state), self.iterator, force=True,
                            train_seconds=self.clock.read())
-    self.writer.flush()
 
   # ------------------------------------------------------------------------------- the loop
 

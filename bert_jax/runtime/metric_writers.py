@@ -9,8 +9,8 @@ checkpoint unreadable) starts the file afresh.
 
 On a local disk every line is appended as it is logged. On Cloud Storage (objects cannot be
 appended to) the lines are kept and the file is rewritten whole at `flush()`, which the training
-loop calls with every checkpoint: lines logged after the last checkpoint are logged again by the
-resumed run anyway.
+loop calls before every checkpoint (so that a complete checkpoint never has lines missing below
+it): lines logged after the last checkpoint are logged again by the resumed run anyway.
 """
 import json
 import math

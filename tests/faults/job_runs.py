@@ -72,12 +72,15 @@ class JobRuns:
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
   def command(self, job: str, workdir: str):
+    """The job's command line; the experiment file by absolute path, so that it runs from any
+    folder (a run with its workdir on gs:// starts in a scratch folder: see `start`)."""
     experiment, overrides = EXPERIMENTS[job]
     overrides = dict(overrides)
     if job == "glue":
       overrides.update({"init_checkpoint": self.glue_checkpoint, "data.glue_dir": self.glue_dir})
     elif job in ("squad", "tagger"):
       overrides["init_checkpoint"] = self.wordpiece_checkpoint
+    experiment = os.path.join(demo_runs.ROOT, experiment)
     return demo_runs.command(workdir)[:3] + [f"--config={experiment}", f"--workdir={workdir}"] + [
         f"--config.{k}={v}" for k, v in overrides.items()]
 
@@ -87,20 +90,25 @@ class JobRuns:
     if job == "pretraining" and self.demo_data and not os.path.exists(workdir):
       shutil.copytree(self.demo_data, os.path.join(workdir, "data"))
 
-  def run(self, job: str, workdir: str) -> subprocess.CompletedProcess:
+  def run(self, job: str, workdir: str, cwd: str = demo_runs.ROOT,
+          **env: str) -> subprocess.CompletedProcess:
+    """The job to its end, from folder `cwd`, with the variables `env` added to its environment
+    (`STORAGE_EMULATOR_HOST` for a workdir on gs://, which should then start elsewhere than the
+    repository: a path taken for a local one would leave a `gs:` folder in `cwd`)."""
     self._prepare(job, workdir)
-    result = subprocess.run(self.command(job, workdir), cwd=demo_runs.ROOT, env=self.env,
+    result = subprocess.run(self.command(job, workdir), cwd=cwd, env=dict(self.env, **env),
                             capture_output=True, text=True, timeout=600)
     if job == "pretraining" and self.demo_data is None and result.returncode == 0:
       self.demo_data = os.path.join(workdir, "data")
     return result
 
-  def start(self, job: str, workdir: str, log: str) -> subprocess.Popen:
+  def start(self, job: str, workdir: str, log: str, cwd: str = demo_runs.ROOT,
+            **env: str) -> subprocess.Popen:
     """The job in the background, its output to LOG.out and LOG.err (files, not pipes: a pipe
-    nobody reads while the test watches would fill and stall the run)."""
+    nobody reads while the test watches would fill and stall the run); `cwd`, `env`: `run`."""
     self._prepare(job, workdir)
     with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
-      return subprocess.Popen(self.command(job, workdir), cwd=demo_runs.ROOT, env=self.env,
+      return subprocess.Popen(self.command(job, workdir), cwd=cwd, env=dict(self.env, **env),
                               stdout=out, stderr=err)
 
 
