@@ -5,7 +5,9 @@ Storage (the emulator of tests/test_cloud_storage.py), each run as a user runs i
 1. kill -9 once a checkpoint of step 2 or later is committed in the bucket (on Cloud Storage a
    step is complete when its commit marker is written; there is no rename): the same command
    resumes from the newest committed step;
-2. that, then the newest committed checkpoint damaged in the bucket (a byte changed in every KiB
+2. SIGTERM at the same moment (a preemption): the run saves its step in the bucket and exits 0;
+   the same command resumes from that step;
+3. kill -9, then the newest committed checkpoint damaged in the bucket (a byte changed in every KiB
    of its array data objects, downloaded and uploaded back over the same names: the values
    decode, to other numbers; one byte in the middle of the largest object can lie where no array
    is read from, as it does for the tagger): the same command does not take it, sets it aside in
@@ -81,9 +83,10 @@ class _GsRuns:
     self.directory = train_dir(job, prefix)   # the loop's folder, as an object name prefix
     self.env = {"STORAGE_EMULATOR_HOST": url}
 
-  def killed_after_a_checkpoint(self, step=2, timeout=300):
-    """The job started, and killed (-9) once a checkpoint of `step` or later is committed in the
-    bucket; returns the newest committed step then."""
+  def killed_after_a_checkpoint(self, step=2, timeout=300, signum=signal.SIGKILL):
+    """The job started, and sent `signum` once a checkpoint of `step` or later is committed in
+    the bucket; returns the newest committed step once it has ended (SIGTERM: the step it saved
+    on the way out)."""
     log = os.path.join(self.scratch, "killed")
     process = self.jobs.start(self.job, self.workdir, log, cwd=self.scratch, **self.env)
     deadline = time.time() + timeout
@@ -94,9 +97,15 @@ class _GsRuns:
         assert time.time() < deadline, f"no checkpoint of step {step} in {timeout} s"
         time.sleep(0.05)
     finally:
-      process.send_signal(signal.SIGKILL)
-      process.wait()
-    assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
+      process.send_signal(signum)
+      process.wait(timeout=300)
+    if signum == signal.SIGKILL:
+      assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    else:   # a preemption: the run saves its step and leaves cleanly
+      assert process.returncode == 0, output(log)[-3000:]
+      saved = re.search(r"Preempted: checkpoint at step (\d+) saved", output(log))
+      assert saved, output(log)[-3000:]
+      assert int(saved.group(1)) == max(_committed_steps(self.url, self.directory))
     return max(_committed_steps(self.url, self.directory))
 
   def rerun(self):
@@ -132,6 +141,17 @@ def test_killed_after_a_checkpoint_on_gs_resumes_from_the_bucket(job, jobs, refe
   _, expected = reference(job)
   runs = _GsRuns(jobs, job, emulator, f"{job}-killed", str(tmp_path))
   newest = runs.killed_after_a_checkpoint()
+  text = runs.rerun()
+  assert _resumed_step(text) == newest, text[-3000:]
+  runs.assert_ends_as(expected)
+
+
+@pytest.mark.parametrize("job", _long_except("glue"))
+def test_sigterm_on_gs_saves_leaves_and_the_same_command_resumes(job, jobs, reference, emulator,
+                                                                 tmp_path):
+  _, expected = reference(job)
+  runs = _GsRuns(jobs, job, emulator, f"{job}-preempted", str(tmp_path))
+  newest = runs.killed_after_a_checkpoint(signum=signal.SIGTERM)
   text = runs.rerun()
   assert _resumed_step(text) == newest, text[-3000:]
   runs.assert_ends_as(expected)
