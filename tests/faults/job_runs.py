@@ -71,7 +71,8 @@ class JobRuns:
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
-  def command(self, job: str, workdir: str):
+  def command(self, job: str, workdir: str, *extra: str):
+    """The job's command line; `extra` flags come last (and so override the job's own)."""
     experiment, overrides = EXPERIMENTS[job]
     overrides = dict(overrides)
     if job == "glue":
@@ -79,7 +80,7 @@ class JobRuns:
     elif job in ("squad", "tagger"):
       overrides["init_checkpoint"] = self.wordpiece_checkpoint
     return demo_runs.command(workdir)[:3] + [f"--config={experiment}", f"--workdir={workdir}"] + [
-        f"--config.{k}={v}" for k, v in overrides.items()]
+        f"--config.{k}={v}" for k, v in overrides.items()] + list(extra)
 
   def _prepare(self, job: str, workdir: str) -> None:
     """A pre-training workdir gets the demo's prepared data (WORKDIR/data, complete) of an
@@ -87,9 +88,9 @@ class JobRuns:
     if job == "pretraining" and self.demo_data and not os.path.exists(workdir):
       shutil.copytree(self.demo_data, os.path.join(workdir, "data"))
 
-  def run(self, job: str, workdir: str) -> subprocess.CompletedProcess:
+  def run(self, job: str, workdir: str, *extra: str) -> subprocess.CompletedProcess:
     self._prepare(job, workdir)
-    result = subprocess.run(self.command(job, workdir), cwd=demo_runs.ROOT, env=self.env,
+    result = subprocess.run(self.command(job, workdir, *extra), cwd=demo_runs.ROOT, env=self.env,
                             capture_output=True, text=True, timeout=600)
     if job == "pretraining" and self.demo_data is None and result.returncode == 0:
       self.demo_data = os.path.join(workdir, "data")
@@ -102,6 +103,12 @@ class JobRuns:
     with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
       return subprocess.Popen(self.command(job, workdir), cwd=demo_runs.ROOT, env=self.env,
                               stdout=out, stderr=err)
+
+
+def used_kib(path: str) -> int:
+  """KiB in use on the file system of `path` (what a tmpfs counts against its size)."""
+  stat = os.statvfs(path)
+  return (stat.f_blocks - stat.f_bfree) * stat.f_frsize // 1024
 
 
 def output(log: str) -> str:
