@@ -212,6 +212,16 @@ class Interruption:
         return step
       time.sleep(0.001)
 
+  def stop_after_checkpoint(self, step: int) -> None:
+    """Stops the run once the checkpoint of `step` is complete and no other is being written
+    (the last step's: the run is writing its results)."""
+    while True:
+      self._alive()
+      if checkpoint_steps(self.directory) == ({step}, set()):
+        self.process.send_signal(signal.SIGSTOP)
+        return
+      time.sleep(0.001)
+
   def deliver(self, signum: int) -> subprocess.Popen:
     """The fault's signal to the stopped run, which then goes on (or dies)."""
     self.process.send_signal(signum)

@@ -6,10 +6,11 @@ ends exactly as an uninterrupted run.
 Pre-training: the disk fills while a checkpoint after the first is written. GLUE fine-tuning
 (MRPC, `job_runs`): while a checkpoint is written; while WORKDIR/best/ is written over the best
 model before it, which stays whole and loadable (best/ is replaced by renames, never rewritten in
-place).
+place); while the predictions are written at the end (the error names the file).
 """
 import os
 import re
+import signal
 
 from bert_jax.tasks.framework import finetuning
 from bert_jax.tasks.tools import fine_tuned
@@ -85,6 +86,32 @@ def test_glue_a_full_disk_during_a_checkpoint_resumes_to_the_same_result(jobs, r
   resumed = jobs.run("glue", workdir)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from the checkpoint at step 1" in resumed.stdout
+  job_runs.assert_same_outcome(job_runs.outcome("glue", workdir), uninterrupted)
+
+
+def test_glue_a_full_disk_while_the_predictions_are_written(jobs, reference, small_disk,
+                                                            tmp_path):
+  reference_dir, uninterrupted = reference("glue")
+  mount_point, mount = small_disk
+  mount(64 << 10)
+  workdir = str(mount_point / "glue")
+  log = str(tmp_path / "glue")
+  run = job_runs.Interruption(jobs.start("glue", workdir, log), workdir, log)
+  run.stop_after_checkpoint(uninterrupted["final_step"])
+  assert not os.path.exists(os.path.join(workdir, finetuning.RESULTS_FILE)), (
+      "the run wrote its results before it could be stopped")
+  mount(job_runs.used_kib(mount_point), remount=True)   # not a page more: the disk is full
+  failed = run.deliver(signal.SIGCONT)
+  assert failed.returncode != 0
+  printed = job_runs.output(log)
+  named = re.search(r"No space left on device: '([^']+)'", printed)
+  assert named and os.path.dirname(named.group(1)) == workdir, printed[-3000:]
+  assert os.path.basename(named.group(1)) in ("dev_predictions.tsv", "MRPC.tsv", "results.json")
+  assert not [n for n in os.listdir(workdir) if n.endswith(".tmp")]   # no half-written file
+
+  mount(64 << 10, remount=True)   # space freed
+  resumed = jobs.run("glue", workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
   job_runs.assert_same_outcome(job_runs.outcome("glue", workdir), uninterrupted)
 
 
