@@ -17,10 +17,9 @@ from experiments import glue
 from tests import finetuning_fixtures as fx
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def tiny_model(directory):
   """(bert_config, encoder params, tokenizer, task config) of a tiny MRPC model."""
-  source = fx.write_checkpoint(str(tmp_path_factory.mktemp("encoder")))
+  source = fx.write_checkpoint(directory)
   bert_config, encoder = checkpoints.load_pretrained(source)
   config = glue.get_config("task=mrpc")
   config.init_checkpoint = source
@@ -28,7 +27,12 @@ def model(tmp_path_factory):
   return bert_config, encoder, tokenizer, config
 
 
-def _save(model, directory, step):
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+  return tiny_model(str(tmp_path_factory.mktemp("encoder")))
+
+
+def save(model, directory, step):
   """A best model whose head (and best.json) say which step it is."""
   bert_config, encoder, tokenizer, config = model
   head = {"classifier": {"kernel": np.full((bert_config.hidden_size, 2), step, np.float32),
@@ -38,7 +42,7 @@ def _save(model, directory, step):
                        tokenizer, config)
 
 
-def _step_of(directory):
+def step_of(directory):
   """The step of the best model in `directory`, read as every reader reads it."""
   kernel = finetuning.read_head(directory)["classifier"]["kernel"]
   finetuning.check_best(directory)
@@ -48,8 +52,8 @@ def _step_of(directory):
 def _crash_between_the_renames(model, workdir):
   """WORKDIR as a save of step 2 leaves it when it stops after moving the old best/ aside."""
   best = os.path.join(workdir, "best")
-  _save(model, best, 1)
-  _save(model, os.path.join(workdir, "new"), 2)
+  save(model, best, 1)
+  save(model, os.path.join(workdir, "new"), 2)
   os.rename(best, best + ".old")
   os.rename(os.path.join(workdir, "new"), best + ".partial")
   return best
@@ -57,10 +61,10 @@ def _crash_between_the_renames(model, workdir):
 
 def test_a_save_replaces_best_whole_and_leaves_nothing_beside_it(model, tmp_path):
   best = str(tmp_path / "best")
-  _save(model, best, 1)
-  _save(model, best, 2)
+  save(model, best, 1)
+  save(model, best, 2)
   assert sorted(os.listdir(tmp_path)) == ["best"]
-  assert _step_of(best) == 2
+  assert step_of(best) == 2
   assert finetuning.read_best_info(str(tmp_path))["step"] == 2
 
 
@@ -76,7 +80,7 @@ def test_a_crash_between_the_renames_leaves_the_new_best_found_by_every_reader(m
 
   finetuning.settle_best(best)   # what the end of the run (and the next save) does first
   assert sorted(os.listdir(workdir)) == ["best"]
-  assert _step_of(best) == 2
+  assert step_of(best) == 2
 
 
 def test_a_half_copied_best_is_passed_over_for_the_complete_one(model, tmp_path):
@@ -84,41 +88,41 @@ def test_a_half_copied_best_is_passed_over_for_the_complete_one(model, tmp_path)
   best/ half deleted (best.json still there) is found as best.old/."""
   workdir = str(tmp_path)
   best = os.path.join(workdir, "best")
-  _save(model, best, 1)
+  save(model, best, 1)
   shutil.copytree(best, best + ".old")
   os.remove(os.path.join(best, finetuning.HEAD_FILE))
   assert finetuning.best_location(best) == best + ".old"
   assert finetuning.read_best_info(workdir)["step"] == 1
-  _save(model, best, 2)
+  save(model, best, 2)
   assert sorted(os.listdir(workdir)) == ["best"]
-  assert _step_of(best) == 2
+  assert step_of(best) == 2
 
 
 def test_a_save_after_a_crash_between_the_renames_ends_with_only_best(model, tmp_path):
   workdir = str(tmp_path)
   best = _crash_between_the_renames(model, workdir)
-  _save(model, best, 3)
+  save(model, best, 3)
   assert sorted(os.listdir(workdir)) == ["best"]
-  assert _step_of(best) == 3
+  assert step_of(best) == 3
 
 
 def test_a_save_killed_while_writing_leaves_the_old_best_in_place(model, tmp_path):
   workdir = str(tmp_path)
   best = os.path.join(workdir, "best")
-  _save(model, best, 1)
-  _save(model, best + ".partial", 2)
+  save(model, best, 1)
+  save(model, best + ".partial", 2)
   os.remove(os.path.join(best + ".partial", finetuning.BEST_INFO))   # killed before best.json
   assert finetuning.best_location(best) == best
   assert finetuning.read_best_info(workdir)["step"] == 1
-  _save(model, best, 3)
+  save(model, best, 3)
   assert sorted(os.listdir(workdir)) == ["best"]
-  assert _step_of(best) == 3
+  assert step_of(best) == 3
 
 
 def test_a_damaged_best_is_still_named_by_check_best(model, tmp_path):
   """Nothing complete beside it: the damaged best/ is returned, and its damage named."""
   best = str(tmp_path / "best")
-  _save(model, best, 1)
+  save(model, best, 1)
   with open(os.path.join(best, finetuning.HEAD_FILE), "r+b") as f:
     f.truncate(10)
   assert fine_tuned.best_directory(str(tmp_path)) == best
