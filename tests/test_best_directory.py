@@ -4,8 +4,11 @@ stop in (a crash between the renames; on Cloud Storage, where a rename is a copy
 directory caught half-copied) still has a complete best model that every reader finds, and the
 next save, or the end of the run, puts it back at best/."""
 import os
+import re
 import shutil
+import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -32,12 +35,14 @@ def model(tmp_path_factory):
   return tiny_model(str(tmp_path_factory.mktemp("encoder")))
 
 
-def save(model, directory, step):
-  """A best model whose head (and best.json) say which step it is."""
-  bert_config, encoder, tokenizer, config = model
+def save(model, directory, step, tokenizer=None):
+  """A best model whose weights (and best.json) say which step it is."""
+  bert_config, encoder, model_tokenizer, config = model
+  tokenizer = tokenizer or model_tokenizer
   head = {"classifier": {"kernel": np.full((bert_config.hidden_size, 2), step, np.float32),
                          "bias": np.zeros(2, np.float32)}}
-  finetuning.save_best(directory, bert_config, {"bert": encoder["bert"], "head": head},
+  encoder = jax.tree_util.tree_map(lambda x: np.asarray(x) + step, encoder["bert"])
+  finetuning.save_best(directory, bert_config, {"bert": encoder, "head": head},
                        {"step": step, "metric": "f1", "value": float(step), "metrics": {}},
                        tokenizer, config)
 
@@ -117,6 +122,21 @@ def test_a_save_killed_while_writing_leaves_the_old_best_in_place(model, tmp_pat
   save(model, best, 3)
   assert sorted(os.listdir(workdir)) == ["best"]
   assert step_of(best) == 3
+
+
+def test_a_save_that_fails_half_way_keeps_the_best_before_it(model, tmp_path):
+  """The new encoder is written, then the vocabulary cannot be copied (gone here; on a full disk,
+  no room): the best/ before it is untouched (was: its encoder overwritten in place), nothing
+  is left beside it, and the error names both."""
+  best = str(tmp_path / "best")
+  save(model, best, 1)
+  gone = types.SimpleNamespace(vocab_file=str(tmp_path / "gone" / "vocab.txt"))
+  with pytest.raises(finetuning.BestWriteError,
+                     match=rf"best model of step 2 in {re.escape(best)}\.partial .*"
+                           rf"{re.escape(best)} holds the best model before it"):
+    save(model, best, 2, tokenizer=gone)
+  assert sorted(os.listdir(tmp_path)) == ["best"]
+  assert step_of(best) == 1
 
 
 def test_a_damaged_best_is_still_named_by_check_best(model, tmp_path):
