@@ -340,9 +340,7 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
     return
   _, partial, old = _best_siblings(directory)
   try:
-    settle_best(directory)
-    if filesystem.exists(partial):   # left by a save that stopped before it was complete
-      filesystem.rmtree(partial)
+    settle_best(directory)   # also removes a best.partial/ left unfinished
     filesystem.makedirs(partial)
     _write_best_files(partial, bert_config, params, info, tokenizer, task_config)
     if filesystem.exists(directory):
