@@ -375,24 +375,25 @@ def run(input_files: Sequence[str], output_files: Sequence[str], tokenizer, *,
     filesystem.rmtree(work_dir)
   filesystem.makedirs(work_dir)
   summary_path = filesystem.join(work_dir, "summary.json")
-  try:
-    pipeline = beam.Pipeline(options=beam_options)
-    build_pipeline(pipeline, sources, plan, _shipped_tokenizer(tokenizer, work_dir), tfds,
-                   work_dir, summary_path)
-    result = pipeline.run()
-    state = result.wait_until_finish()
-    if state not in (None, PipelineState.DONE):
-      raise RuntimeError(f"The Beam pipeline ended {state}, not DONE")
-    if not filesystem.exists(summary_path):
-      raise RuntimeError(f"The Beam pipeline finished without its summary {summary_path}")
-    summary = json.loads(filesystem.read_text(summary_path))
-    cpd.check_instances(cpd.Stats(**summary["stats"]),
-                        plan.input_files or [tfds_name], summary["written"])
-    for output, path in enumerate(plan.output_files):   # each output appears whole, at the end
-      filesystem.rename(concatenated_path(work_dir, output), path)
-  finally:
-    if filesystem.exists(work_dir):
-      filesystem.rmtree(work_dir)
+  with cpd.full_disk_named(plan.output_files, work_dir):
+    try:
+      pipeline = beam.Pipeline(options=beam_options)
+      build_pipeline(pipeline, sources, plan, _shipped_tokenizer(tokenizer, work_dir), tfds,
+                     work_dir, summary_path)
+      result = pipeline.run()
+      state = result.wait_until_finish()
+      if state not in (None, PipelineState.DONE):
+        raise RuntimeError(f"The Beam pipeline ended {state}, not DONE")
+      if not filesystem.exists(summary_path):
+        raise RuntimeError(f"The Beam pipeline finished without its summary {summary_path}")
+      summary = json.loads(filesystem.read_text(summary_path))
+      cpd.check_instances(cpd.Stats(**summary["stats"]),
+                          plan.input_files or [tfds_name], summary["written"])
+      for output, path in enumerate(plan.output_files):   # each output appears whole, at the end
+        filesystem.rename(concatenated_path(work_dir, output), path)
+    finally:
+      if filesystem.exists(work_dir):
+        filesystem.rmtree(work_dir)
   return cpd.Stats(**summary["stats"]), summary["written"], result
 
 

@@ -35,6 +35,7 @@ two phases as an Apache Beam pipeline (`data_pipelines/beam_pipeline.py`, `pip i
 options (`--project`, `--region`, `--temp_location`, `--direct_num_workers`, ...).
 """
 import collections
+import contextlib
 import dataclasses
 import glob
 import json
@@ -539,6 +540,29 @@ def partial_directory(output_files: Sequence[str]) -> str:
   return filesystem.join(filesystem.dirname(first), f".{filesystem.basename(first)}.partial")
 
 
+class OutputWriteError(OSError):
+  """The outputs could not be written because the disk is full: none is at its final name, and
+  the same command, run again once there is space, writes them all afresh."""
+
+
+@contextlib.contextmanager
+def full_disk_named(output_files: Sequence[str], work_dir: str) -> Iterator[None]:
+  """A full disk while the outputs are written (by either builder) as one error naming the
+  outputs and what to do; a storage layer's own error names a temporary file, or none."""
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except  (TensorFlow's, Beam's wrappers)
+    if not filesystem.no_space(error):
+      raise
+    shown = ", ".join(output_files[:2]) + (f" and {len(output_files) - 2} more"
+                                           if len(output_files) > 2 else "")
+    cause = str(error).strip().splitlines()[-1][:300] if str(error).strip() else ""
+    raise OutputWriteError(
+        f"Could not write {shown}: the disk is full ({cause}). No output was written at its "
+        f"name (the unfinished files in {work_dir} are removed); free space and run the same "
+        "command again.") from error
+
+
 def check_instances(stats: "Stats", inputs: Sequence[str], written: int) -> None:
   """No record from the whole input is an error naming it (an empty or blank file, a wrong
   glob), not a run that ends well with empty outputs."""
@@ -720,24 +744,25 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
   # Temporary bucket files: always local (in the work directory, else in the system's temp dir).
   bucket_dir = tempfile.mkdtemp(prefix="buckets_",
                                 dir=None if filesystem.is_url(work_dir) else work_dir)
-  try:
-    if tfds_name:
-      documents = documents_from_tfds(tfds_name, tfds_split, tfds_text_field, tfds_data_dir,
-                                      stats)
-    else:
-      documents = documents_from_files(plan.input_files, opts, stats)
-    blocks = _progress(_blocks(documents, opts.documents_per_block), progress,
-                       "instances", "block")
-    _run_blocks(blocks, (opts, bucket_dir, plan.num_buckets), tokenizer, num_workers, stats)
-    written = _write_shuffled_buckets(bucket_dir, plan.num_buckets, partial_outputs,
-                                      opts.random_seed, progress)
-    check_instances(stats, plan.input_files or [tfds_name], written)
-    for partial, output in zip(partial_outputs, output_files):   # each output appears whole
-      filesystem.rename(partial, output)
-  finally:
-    shutil.rmtree(bucket_dir, ignore_errors=True)
-    if filesystem.exists(work_dir):
-      filesystem.rmtree(work_dir)
+  with full_disk_named(output_files, work_dir):
+    try:
+      if tfds_name:
+        documents = documents_from_tfds(tfds_name, tfds_split, tfds_text_field, tfds_data_dir,
+                                        stats)
+      else:
+        documents = documents_from_files(plan.input_files, opts, stats)
+      blocks = _progress(_blocks(documents, opts.documents_per_block), progress,
+                         "instances", "block")
+      _run_blocks(blocks, (opts, bucket_dir, plan.num_buckets), tokenizer, num_workers, stats)
+      written = _write_shuffled_buckets(bucket_dir, plan.num_buckets, partial_outputs,
+                                        opts.random_seed, progress)
+      check_instances(stats, plan.input_files or [tfds_name], written)
+      for partial, output in zip(partial_outputs, output_files):   # each output appears whole
+        filesystem.rename(partial, output)
+    finally:
+      shutil.rmtree(bucket_dir, ignore_errors=True)
+      if filesystem.exists(work_dir):
+        filesystem.rmtree(work_dir)
   finish(stats, written, len(output_files), time.time() - started, progress)
   return stats
 

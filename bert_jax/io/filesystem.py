@@ -291,6 +291,16 @@ class RecordWriter:
     self.close()
 
 
+# How storage layers say "no space": errno ENOSPC, TensorStore's RESOURCE_EXHAUSTED, quotas.
+_NO_SPACE = ("No space left on device", "RESOURCE_EXHAUSTED", "Disk quota exceeded",
+             "ENOSPC", "Failed to write")
+
+
+def no_space(error: BaseException) -> bool:
+  """True for an error that says the disk (or the quota) is full."""
+  return getattr(error, "errno", None) == 28 or any(m in str(error) for m in _NO_SPACE)
+
+
 def read_text(path: str) -> str:
   with open(path) as f:
     return f.read()
@@ -303,8 +313,15 @@ def write_text(path: str, text: str) -> None:
     with open(path, "w") as f:
       f.write(text)
     return
-  with builtins.open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
+  try:
+    with builtins.open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(text)
+  except OSError as error:
+    # A full disk fails at the flush, with no file name in Python's error: named here, and the
+    # half-written temporary file removed.
+    with contextlib.suppress(OSError):
+      os.remove(path + ".tmp")
+    raise OSError(error.errno, error.strerror or str(error), path) from error
   os.replace(path + ".tmp", path)
 
 

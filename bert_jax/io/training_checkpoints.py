@@ -50,11 +50,6 @@ class CheckpointWriteError(OSError):
   and the newest complete checkpoint before it is where the same command resumes."""
 
 
-# How storage layers say "no space": errno ENOSPC, TensorStore's RESOURCE_EXHAUSTED, quotas.
-_NO_SPACE = ("No space left on device", "RESOURCE_EXHAUSTED", "Disk quota exceeded",
-             "ENOSPC", "Failed to write")
-
-
 class CheckpointDamagedError(ValueError):
   """A checkpoint that Orbax reads without error but whose arrays are not the ones saved."""
 
@@ -215,7 +210,7 @@ class TrainingCheckpointer:
       yield
     except Exception as e:  # pylint: disable=broad-except
       message = str(e)
-      full = any(marker in message for marker in _NO_SPACE) or getattr(e, "errno", None) == 28
+      full = filesystem.no_space(e)
       # Orbax finishes a save in a thread: its error can surface at the next save. The path in
       # the message names the step that failed.
       failed = re.search(r"/(\d+)\.orbax-checkpoint-tmp", message)

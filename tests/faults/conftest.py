@@ -1,6 +1,8 @@
 """Fixtures of the fault tests: the four jobs' inputs, and one uninterrupted run of each job,
-made on first use and shared by every test of a pytest process (tests leave them as found)."""
+made on first use and shared by every test of a pytest process (tests leave them as found); a
+small real disk that fills up."""
 import os
+import subprocess
 
 import pytest
 
@@ -26,3 +28,25 @@ def reference(jobs):
     return runs[job]
 
   return get
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """(mount point, mount(kib, remount=False)): a real tmpfs of `kib` KiB, mounted by the test
+  (root only); `remount=True` resizes it in place, files kept: larger frees space, smaller (not
+  below what is in use) fills the disk from outside while a job runs."""
+  if os.geteuid() != 0:
+    pytest.skip("mounting a small tmpfs needs root")
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+
+  def mount(kib, remount=False):
+    options = f"{'remount,' if remount else ''}size={kib}k"
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode:
+      pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+
+  yield mount_point, mount
+  subprocess.run(["umount", str(mount_point)], capture_output=True)
+

@@ -71,9 +71,10 @@ class JobRuns:
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
-  def command(self, job: str, workdir: str):
-    """The job's command line; the experiment file by absolute path, so that it runs from any
-    folder (a run with its workdir on gs:// starts in a scratch folder: see `start`)."""
+  def command(self, job: str, workdir: str, *extra: str):
+    """The job's command line; `extra` flags come last (and so override the job's own). The
+    experiment file by absolute path, so that it runs from any folder (a run with its workdir on
+    gs:// starts in a scratch folder: see `run`)."""
     experiment, overrides = EXPERIMENTS[job]
     overrides = dict(overrides)
     if job == "glue":
@@ -82,7 +83,7 @@ class JobRuns:
       overrides["init_checkpoint"] = self.wordpiece_checkpoint
     experiment = os.path.join(demo_runs.ROOT, experiment)
     return demo_runs.command(workdir)[:3] + [f"--config={experiment}", f"--workdir={workdir}"] + [
-        f"--config.{k}={v}" for k, v in overrides.items()]
+        f"--config.{k}={v}" for k, v in overrides.items()] + list(extra)
 
   def _prepare(self, job: str, workdir: str) -> None:
     """A pre-training workdir gets the demo's prepared data (WORKDIR/data, complete) of an
@@ -90,13 +91,15 @@ class JobRuns:
     if job == "pretraining" and self.demo_data and not os.path.exists(workdir):
       shutil.copytree(self.demo_data, os.path.join(workdir, "data"))
 
-  def run(self, job: str, workdir: str, cwd: str = demo_runs.ROOT,
+  def run(self, job: str, workdir: str, *extra: str, cwd: str = demo_runs.ROOT,
           **env: str) -> subprocess.CompletedProcess:
-    """The job to its end, from folder `cwd`, with the variables `env` added to its environment
-    (`STORAGE_EMULATOR_HOST` for a workdir on gs://, which should then start elsewhere than the
-    repository: a path taken for a local one would leave a `gs:` folder in `cwd`)."""
+    """The job to its end (`extra`: `command`), from folder `cwd`, with the variables `env` added
+    to its environment (`STORAGE_EMULATOR_HOST` for a workdir on gs://, which should then start
+    elsewhere than the repository: a path taken for a local one would leave a `gs:` folder in
+    `cwd`)."""
     self._prepare(job, workdir)
-    result = subprocess.run(self.command(job, workdir), cwd=cwd, env=dict(self.env, **env),
+    result = subprocess.run(self.command(job, workdir, *extra), cwd=cwd,
+                            env=dict(self.env, **env),
                             capture_output=True, text=True, timeout=600)
     if job == "pretraining" and self.demo_data is None and result.returncode == 0:
       self.demo_data = os.path.join(workdir, "data")
@@ -110,6 +113,12 @@ class JobRuns:
     with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
       return subprocess.Popen(self.command(job, workdir), cwd=cwd, env=dict(self.env, **env),
                               stdout=out, stderr=err)
+
+
+def used_kib(path: str) -> int:
+  """KiB in use on the file system of `path` (what a tmpfs counts against its size)."""
+  stat = os.statvfs(path)
+  return (stat.f_blocks - stat.f_bfree) * stat.f_frsize // 1024
 
 
 def output(log: str) -> str:
@@ -211,6 +220,16 @@ class Interruption:
         assert not any(r["step"] == step and r["split"] == "eval" for r in records)
         assert step not in complete | writing, f"the checkpoint of step {step} was begun"
         return step
+      time.sleep(0.001)
+
+  def stop_after_checkpoint(self, step: int) -> None:
+    """Stops the run once the checkpoint of `step` is complete and no other is being written
+    (the last step's: the run is writing its results)."""
+    while True:
+      self._alive()
+      if checkpoint_steps(self.directory) == ({step}, set()):
+        self.process.send_signal(signal.SIGSTOP)
+        return
       time.sleep(0.001)
 
   def deliver(self, signum: int) -> subprocess.Popen:

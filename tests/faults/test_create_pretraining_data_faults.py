@@ -1,12 +1,16 @@
-"""`create_pretraining_data` killed half-way, and given an empty input, on one machine and on
-Beam's DirectRunner.
+"""`create_pretraining_data` killed half-way, on a disk that fills up, and given an empty input,
+on one machine and on Beam's DirectRunner.
 
 Outputs are written in `.NAME.partial/` beside the first output and moved into place only when
 complete: kill -9 leaves no file at an output's name (an empty or half-written TFRecord file
 would pass for a finished one), and the same command afterwards writes exactly the files of an
-uninterrupted run. An input with no text is an error naming it, with no output left behind.
+uninterrupted run. A full disk (the output directory on a small tmpfs, mounted by the test; root
+only) is an error naming the outputs, with none at its name and nothing left behind; once space
+is freed the same command writes the uninterrupted run's files. An input with no text is an error
+naming it, with no output left behind.
 
-The Beam kill is the longer variant (two multi-process DirectRunner runs, about a minute):
+The Beam kill and full disk are the longer variants (two multi-process DirectRunner runs each,
+about a minute):
   python -m pytest --long-faults tests/faults/test_create_pretraining_data_faults.py
 """
 import os
@@ -65,12 +69,37 @@ def _kill_9_then_rerun(command, output, reference):
   assert os.path.isdir(partial), "killed before the run started its work"
   assert not any(os.path.exists(path) for path in outputs), "an unfinished output in place"
 
+  _rerun_writes_the_reference(command, output, reference)
+
+
+def _rerun_writes_the_reference(command, output, reference):
+  outputs = cpd.expand_output_files(f"{output}@2")
   rerun = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
                          timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert [open(path, "rb").read() for path in outputs] == reference
   assert sorted(os.listdir(os.path.dirname(output))) == sorted(
-      os.path.basename(path) for path in outputs)   # nothing of the killed run left
+      os.path.basename(path) for path in outputs)   # nothing of the failed run left
+
+
+def _full_disk_then_rerun(small_disk, corpus, reference, *extra):
+  """The output directory on a tmpfs with room for the outputs and half again: the run's
+  temporary files (buckets, or Beam's pieces) and the outputs do not fit together."""
+  mount_point, mount = small_disk
+  room = sum(len(data) for data in reference) * 3 // 2 // 1024
+  mount(room)
+  output = str(mount_point / "out" / "train.tfrecord")
+  command = _command(corpus, output, *extra)
+  failed = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+  assert failed.returncode != 0
+  outputs = cpd.expand_output_files(f"{output}@2")
+  assert (f"OutputWriteError: Could not write {', '.join(outputs)}: the disk is full"
+          in failed.stderr), failed.stderr[-3000:]
+  assert os.listdir(os.path.dirname(output)) == []   # no output at its name, no partial files
+
+  mount(room * 4, remount=True)   # space freed
+  _rerun_writes_the_reference(command, output, reference)
 
 
 def test_kill_9_then_rerun_writes_the_uninterrupted_files(corpus, reference, tmp_path):
@@ -114,3 +143,17 @@ def test_kill_9_then_rerun_on_beam_writes_the_uninterrupted_files(corpus, refere
   _kill_9_then_rerun(_command(corpus, output, "--runner=DirectRunner",
                               "--direct_num_workers=2", "--direct_running_mode=multi_processing"),
                      output, reference)
+
+
+def test_a_full_disk_is_named_and_the_rerun_writes_the_uninterrupted_files(small_disk, corpus,
+                                                                           reference):
+  _full_disk_then_rerun(small_disk, corpus, reference)
+
+
+@pytest.mark.long_fault
+def test_a_full_disk_on_beam_is_named_and_the_rerun_writes_the_uninterrupted_files(
+    small_disk, corpus, reference):
+  pytest.importorskip("apache_beam", reason="apache-beam is not installed (pip install "
+                      "'bert_jax[beam]'), so the Beam builder (--runner) is not tested")
+  _full_disk_then_rerun(small_disk, corpus, reference, "--runner=DirectRunner",
+                        "--direct_num_workers=2", "--direct_running_mode=multi_processing")

@@ -38,10 +38,12 @@ class FineTuned:
 
 
 def best_directory(path: str) -> str:
-  """`path` itself if it is a best/ directory, else `path/best` (a fine-tuning workdir)."""
+  """`path` itself if it is a best/ directory, else `path/best` (a fine-tuning workdir); for a
+  save that stopped between its renames, the complete one beside it (`finetuning.best_location`)."""
   for candidate in (path, filesystem.join(path, finetuning.BEST_DIR)):
-    if filesystem.exists(filesystem.join(candidate, finetuning.BEST_INFO)):
-      return candidate
+    found = finetuning.best_location(candidate)
+    if found:
+      return found
   raise FileNotFoundError(
       f"{path}: not a fine-tuned model (no {finetuning.BEST_INFO} in it or in "
       f"{filesystem.join(path, finetuning.BEST_DIR)}); give WORKDIR/best of a fine-tuning run")
