@@ -11,7 +11,14 @@ Storage (the emulator of tests/test_cloud_storage.py), each run as a user runs i
    of its array data objects, downloaded and uploaded back over the same names: the values
    decode, to other numbers; one byte in the middle of the largest object can lie where no array
    is read from, as it does for the tagger): the same command does not take it, sets it aside in
-   checkpoints_corrupt/ and starts over (these jobs keep one checkpoint).
+   checkpoints_corrupt/ and starts over (these jobs keep one checkpoint);
+4. kill -9 while a checkpoint after a committed one is half written in the bucket (objects of the
+   step there, its commit marker not): the same command resumes from the committed step, never
+   the half-written one;
+5. a storage outage past the retry budget (the test's own emulator paused with SIGSTOP, the
+   budget cut to seconds): the run ends with exit status 1 and an error naming its gs:// path
+   within a bounded time; with the store back, the same command resumes from the newest
+   committed step.
 Either way the last run ends exactly as the uninterrupted run on local disk: metrics.jsonl without
 wall-clock fields, results.json, the prediction files, best/ and the final parameters, byte for
 byte, all read from a copy of the bucket made over the emulator's own API.
@@ -226,8 +233,7 @@ def test_newest_checkpoint_damaged_on_gs_is_set_aside_and_the_run_ends_as_the_re
   runs.assert_ends_as(expected)
 
 
-@pytest.mark.long_fault
-@pytest.mark.parametrize("job", FINE_TUNING)
+@pytest.mark.parametrize("job", _long_except("glue"))
 def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_committed_step(
     job, jobs, reference, emulator, tmp_path):
   _, expected = reference(job)
