@@ -130,6 +130,21 @@ def _committed_steps(url, prefix):
                 if n.count("/") == prefix.count("/") + 3 and n.endswith("/commit_success.txt"))
 
 
+def _step_folders(url, prefix):
+  """Every step number with an object under `prefix`/checkpoints/, committed or not."""
+  depth = prefix.count("/") + 2
+  return {int(n.split("/")[depth]) for n in _objects(url, f"{prefix}/checkpoints/")
+          if n.count("/") > depth and n.split("/")[depth].isdigit()}
+
+
+def _half_written_steps(url, prefix):
+  """Steps being written after a committed one: objects of theirs in the bucket, their commit
+  marker not (yet)."""
+  committed = _committed_steps(url, prefix)
+  return sorted(s for s in _step_folders(url, prefix) - set(committed)
+                if committed and s > max(committed))
+
+
 def _records(data: bytes):
   lines = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
   return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in lines]

@@ -25,7 +25,8 @@ from bert_jax.runtime import job as jobs
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from tests import finetuning_fixtures as ftx
 from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
-                                      _env, _main, _objects, _outage_env, _own_emulator,
+                                      _env, _half_written_steps, _main, _outage_env,
+                                      _own_emulator,
                                       _records, _start_demo_and_wait_for_a_checkpoint,
                                       _start_emulator,
                                       emulator, local_demo)  # noqa: F401  (fixtures)
@@ -125,10 +126,7 @@ def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   half_written = None
   while half_written is None and proc.poll() is None:
-    names = _objects(emulator, f"{prefix}/checkpoints/")
-    steps = {int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit()}
-    committed = set(_committed_steps(emulator, prefix))
-    started = sorted(s for s in steps - committed if committed and s > max(committed))
+    started = _half_written_steps(emulator, prefix)
     if started:
       os.kill(proc.pid, signal.SIGKILL)
       half_written = started[0]

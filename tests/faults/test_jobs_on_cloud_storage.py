@@ -11,7 +11,14 @@ Storage (the emulator of tests/test_cloud_storage.py), each run as a user runs i
    of its array data objects, downloaded and uploaded back over the same names: the values
    decode, to other numbers; one byte in the middle of the largest object can lie where no array
    is read from, as it does for the tagger): the same command does not take it, sets it aside in
-   checkpoints_corrupt/ and starts over (these jobs keep one checkpoint).
+   checkpoints_corrupt/ and starts over (these jobs keep one checkpoint);
+4. kill -9 while a checkpoint after a committed one is half written in the bucket (objects of the
+   step there, its commit marker not): the same command resumes from the committed step, never
+   the half-written one;
+5. a storage outage past the retry budget (the test's own emulator paused with SIGSTOP, the
+   budget cut to seconds): the run ends with exit status 1 and an error naming its gs:// path
+   within a bounded time; with the store back, the same command resumes from the newest
+   committed step.
 Either way the last run ends exactly as the uninterrupted run on local disk: metrics.jsonl without
 wall-clock fields, results.json, the prediction files, best/ and the final parameters, byte for
 byte, all read from a copy of the bucket made over the emulator's own API.
@@ -19,6 +26,7 @@ byte, all read from a copy of the bucket made over the emulator's own API.
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -27,8 +35,9 @@ from tests import demo_runs
 from tests.faults import damage, job_runs
 from tests.faults.job_runs import output, train_dir
 from tests import test_cloud_storage
-from tests.test_cloud_storage import (BUCKET, _committed_steps, _download, _no_local_gs_folder,
-                                      _objects, _upload)
+from tests.test_cloud_storage import (BUCKET, SHORT_BUDGET, _committed_steps, _download,
+                                      _half_written_steps, _no_local_gs_folder, _objects,
+                                      _own_emulator, _step_folders, _upload)
 
 FINE_TUNING = ("glue", "squad", "tagger")
 emulator = test_cloud_storage.emulator   # the fixture: one emulator for this module's tests
@@ -46,13 +55,6 @@ def _copy(url, prefix, directory):
     with open(path, "wb") as f:
       f.write(_download(url, name))
   return directory
-
-
-def _step_folders(url, prefix):
-  """Every step number with an object under `prefix`/checkpoints/, committed or not."""
-  depth = prefix.count("/") + 2
-  return {int(n.split("/")[depth]) for n in _objects(url, f"{prefix}/checkpoints/")
-          if n.count("/") > depth and n.split("/")[depth].isdigit()}
 
 
 def _damage(url, step_prefix, kind, scratch):
@@ -75,38 +77,96 @@ def _read(path):
 
 class _GsRuns:
   """One job's command with its workdir at gs://BUCKET/`prefix`, started from a scratch folder
-  (where a `gs:` path mistaken for a local one would leave a folder)."""
+  (where a `gs:` path mistaken for a local one would leave a folder); `env`: variables added to
+  its environment (a retry budget)."""
 
-  def __init__(self, jobs, job, url, prefix, scratch):
+  def __init__(self, jobs, job, url, prefix, scratch, **env):
     self.jobs, self.job, self.url, self.prefix, self.scratch = jobs, job, url, prefix, scratch
     self.workdir = f"gs://{BUCKET}/{prefix}"
     self.directory = train_dir(job, prefix)   # the loop's folder, as an object name prefix
-    self.env = {"STORAGE_EMULATOR_HOST": url}
+    self.env = dict(env, STORAGE_EMULATOR_HOST=url)
 
-  def killed_after_a_checkpoint(self, step=2, timeout=300, signum=signal.SIGKILL):
-    """The job started, and sent `signum` once a checkpoint of `step` or later is committed in
-    the bucket; returns the newest committed step once it has ended (SIGTERM: the step it saved
-    on the way out)."""
-    log = os.path.join(self.scratch, "killed")
+  def newest(self):
+    """The newest committed step in the bucket (0: none)."""
+    return max(_committed_steps(self.url, self.directory), default=0)
+
+  def start_and_wait(self, moment, what, log="killed", timeout=300):
+    """The job started in the background; (its process, its log) once `moment(process)` is
+    true. A run that ends first, or a moment not come in `timeout` s, fails the test (the run
+    killed)."""
+    log = os.path.join(self.scratch, log)
     process = self.jobs.start(self.job, self.workdir, log, cwd=self.scratch, **self.env)
     deadline = time.time() + timeout
     try:
-      while max(_committed_steps(self.url, self.directory), default=0) < step:
-        assert process.poll() is None, (f"the run ended (exit {process.returncode}) before a "
-                                        f"checkpoint of step {step}:\n{output(log)[-4000:]}")
-        assert time.time() < deadline, f"no checkpoint of step {step} in {timeout} s"
-        time.sleep(0.05)
-    finally:
-      process.send_signal(signum)
-      process.wait(timeout=300)
+      while not moment(process):
+        assert process.poll() is None, (f"the run ended (exit {process.returncode}) before "
+                                        f"{what}:\n{output(log)[-4000:]}")
+        assert time.time() < deadline, f"not {what} in {timeout} s"
+        time.sleep(0.01)
+    except BaseException:
+      process.kill()
+      process.wait()
+      raise
+    return process, log
+
+  def killed_after_a_checkpoint(self, step=2, signum=signal.SIGKILL):
+    """The job started, and sent `signum` once a checkpoint of `step` or later is committed in
+    the bucket; returns the newest committed step once it has ended (SIGTERM: the step it saved
+    on the way out)."""
+    process, log = self.start_and_wait(lambda _: self.newest() >= step,
+                                       f"a checkpoint of step {step}")
+    process.send_signal(signum)
+    process.wait(timeout=300)
     if signum == signal.SIGKILL:
       assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
     else:   # a preemption: the run saves its step and leaves cleanly
       assert process.returncode == 0, output(log)[-3000:]
       saved = re.search(r"Preempted: checkpoint at step (\d+) saved", output(log))
       assert saved, output(log)[-3000:]
-      assert int(saved.group(1)) == max(_committed_steps(self.url, self.directory))
-    return max(_committed_steps(self.url, self.directory))
+      assert int(saved.group(1)) == self.newest()
+    return self.newest()
+
+  def killed_during_a_checkpoint_write(self):
+    """The job killed (-9) while it writes a checkpoint after a committed one: objects of the
+    step in the bucket, its commit marker not. Seen from outside, the run is stopped (SIGSTOP)
+    and looked at again, so that it is killed only if the step is still without its marker;
+    returns (that step, the newest committed one)."""
+    def half_written(process):
+      if not _half_written_steps(self.url, self.directory):
+        return False
+      process.send_signal(signal.SIGSTOP)
+      if _half_written_steps(self.url, self.directory):
+        return True
+      process.send_signal(signal.SIGCONT)   # its marker came meanwhile: wait for the next one
+      return False
+
+    process, _ = self.start_and_wait(half_written, "a checkpoint caught half written")
+    step = max(_half_written_steps(self.url, self.directory))
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=300)
+    time.sleep(0.5)   # a request the run had sent whole still lands
+    assert step not in _committed_steps(self.url, self.directory), \
+        f"the step {step} was committed after all"
+    return step, self.newest()
+
+  def stopped_by_an_outage(self, store, step=2, timeout=150):
+    """The job started, the store (its process) paused once a checkpoint of `step` or later is
+    committed, and continued once the run has ended; (its exit status, its output, seconds from
+    the pause to its end). A run still there after `timeout` s fails the test."""
+    process, log = self.start_and_wait(lambda _: self.newest() >= step,
+                                       f"a checkpoint of step {step}", log="outage")
+    store.send_signal(signal.SIGSTOP)
+    paused = time.time()
+    try:
+      process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      process.send_signal(signal.SIGABRT)   # its threads' stacks (PYTHONFAULTHANDLER), then it ends
+      process.wait()
+      pytest.fail(f"the run neither went on nor stopped {timeout} s into the outage:\n"
+                  + output(log)[-20000:])
+    finally:
+      store.send_signal(signal.SIGCONT)
+    return process.returncode, output(log), time.time() - paused
 
   def rerun(self):
     """The same command to its end; its output."""
@@ -171,3 +231,41 @@ def test_newest_checkpoint_damaged_on_gs_is_set_aside_and_the_run_ends_as_the_re
   assert any(n.startswith(f"{runs.directory}/checkpoints_corrupt/{newest}-")
              for n in _objects(emulator, f"{runs.directory}/checkpoints_corrupt/"))
   runs.assert_ends_as(expected)
+
+
+@pytest.mark.parametrize("job", _long_except("glue"))
+def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_committed_step(
+    job, jobs, reference, emulator, tmp_path):
+  _, expected = reference(job)
+  runs = _GsRuns(jobs, job, emulator, f"{job}-mid-write", str(tmp_path))
+  half_written, newest = runs.killed_during_a_checkpoint_write()
+  assert 0 < newest < half_written
+  text = runs.rerun()
+  assert _resumed_step(text) == newest, text[-3000:]
+  runs.assert_ends_as(expected)
+  print(f"killed with step {half_written} half written; resumed from {newest}")
+
+
+@pytest.mark.long_fault
+@pytest.mark.parametrize("job", FINE_TUNING)
+def test_a_storage_outage_past_the_retry_budget_ends_the_job_and_the_same_command_resumes(
+    job, jobs, reference, tmp_path):
+  """The store paused (its own emulator) after a committed checkpoint and left paused: the run
+  stops with exit status 1 and an error naming its gs:// path, within a bounded time (the short
+  retry budget); with the store back, the same command resumes from the newest committed step
+  and ends as the uninterrupted local run."""
+  _, expected = reference(job)
+  with _own_emulator() as (store, url):
+    runs = _GsRuns(jobs, job, url, f"{job}-outage", str(tmp_path), PYTHONFAULTHANDLER="1",
+                   **SHORT_BUDGET)
+    returncode, text, stopped_after = runs.stopped_by_an_outage(store)
+    error = text[text.rfind("Traceback (most recent call last)"):]
+    assert returncode == 1, text[-5000:]
+    assert f"{runs.workdir}/" in error and "retry attempts failed" in error, text[-5000:]
+    assert "Remote storage did not answer within the retry budget" in error, text[-5000:]
+    newest = runs.newest()
+    text = runs.rerun()
+    assert _resumed_step(text) == newest, text[-3000:]
+    runs.assert_ends_as(expected)
+  print(f"the run stopped {stopped_after:.0f} s into the outage; resumed from step {newest}:",
+        [line for line in error.splitlines() if runs.workdir in line][-1][:300])
