@@ -224,10 +224,13 @@ def test_fine_tuning_across_two_processes_with_model_parallelism(tmp_path):
     names = open(path).read().split() if os.path.exists(path) else []
     written.append({os.path.relpath(n, workdir) for n in names if n.startswith(workdir + os.sep)
                     and not os.path.relpath(n, workdir).startswith("checkpoints")})
+  # best/ is written whole into best.partial/ and swapped in by renames.
   for name in ("results.json", "dev_predictions.tsv", "MRPC.tsv", "metrics.jsonl",
-               os.path.join("best", "head.safetensors"), os.path.join("best", "best.json")):
+               os.path.join("best.partial", "head.safetensors"),
+               os.path.join("best.partial", "best.json")):
     assert any(w.startswith(name) for w in written[0]), (name, written[0])
   assert not written[1], f"process 1 wrote outputs: {sorted(written[1])}"
+  assert sorted(n for n in os.listdir(workdir) if n.startswith("best")) == ["best"]
 
   config = glue_experiment.get_config("task=mrpc,quick")
   config.init_checkpoint, config.data.glue_dir = ckpt, glue_dir

@@ -3,6 +3,7 @@ itself predicted for the same examples, for every output kind; bad lines are rep
 counted; chunked streaming changes nothing."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -124,10 +125,15 @@ def test_cli_end_to_end_and_a_best_dir_without_task_config(fine_tuned_runs, tmp_
   assert "2 examples read: 1 predicted" in result.stdout and "1 skipped" in result.stdout
   assert f"{source}:2: expected 2 tab-separated columns" in result.stderr
   assert [o["line"] for o in _jsonl(target)] == [1]
-  best = os.path.join(fine_tuned_runs["mrpc"], finetuning.BEST_DIR)
-  os.rename(os.path.join(best, finetuning.TASK_CONFIG), str(tmp_path / "moved.json"))
-  try:
-    with pytest.raises(FileNotFoundError, match="task_config.json is missing"):
-      fine_tuned.load(fine_tuned_runs["mrpc"])
-  finally:
-    os.rename(str(tmp_path / "moved.json"), os.path.join(best, finetuning.TASK_CONFIG))
+  # A best/ of a release that recorded neither task_config.json nor the files' digests.
+  best = str(tmp_path / finetuning.BEST_DIR)
+  shutil.copytree(os.path.join(fine_tuned_runs["mrpc"], finetuning.BEST_DIR), best)
+  os.remove(os.path.join(best, finetuning.TASK_CONFIG))
+  info_path = os.path.join(best, finetuning.BEST_INFO)
+  with open(info_path, encoding="utf-8") as f:
+    info = json.load(f)
+  del info["file_digests"]
+  with open(info_path, "w", encoding="utf-8") as f:
+    json.dump(info, f)
+  with pytest.raises(FileNotFoundError, match="task_config.json is missing"):
+    fine_tuned.load(best)
