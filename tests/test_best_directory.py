@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.io import checkpoints, file_digests
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model
 from bert_jax.tasks.tools import fine_tuned
 from bert_jax.text import tokenization
 from experiments import glue
@@ -42,15 +42,15 @@ def save(model, directory, step, tokenizer=None):
   head = {"classifier": {"kernel": np.full((bert_config.hidden_size, 2), step, np.float32),
                          "bias": np.zeros(2, np.float32)}}
   encoder = jax.tree_util.tree_map(lambda x: np.asarray(x) + step, encoder["bert"])
-  finetuning.save_best(directory, bert_config, {"bert": encoder, "head": head},
+  best_model.save_best(directory, bert_config, {"bert": encoder, "head": head},
                        {"step": step, "metric": "f1", "value": float(step), "metrics": {}},
                        tokenizer, config)
 
 
 def step_of(directory):
   """The step of the best model in `directory`, read as every reader reads it."""
-  kernel = finetuning.read_head(directory)["classifier"]["kernel"]
-  finetuning.check_best(directory)
+  kernel = best_model.read_head(directory)["classifier"]["kernel"]
+  best_model.check_best(directory)
   return int(kernel[0, 0])
 
 
@@ -70,20 +70,20 @@ def test_a_save_replaces_best_whole_and_leaves_nothing_beside_it(model, tmp_path
   save(model, best, 2)
   assert sorted(os.listdir(tmp_path)) == ["best"]
   assert step_of(best) == 2
-  assert finetuning.read_best_info(str(tmp_path))["step"] == 2
+  assert best_model.read_best_info(str(tmp_path))["step"] == 2
 
 
 def test_a_crash_between_the_renames_leaves_the_new_best_found_by_every_reader(model, tmp_path):
   workdir = str(tmp_path)
   best = _crash_between_the_renames(model, workdir)
   assert not os.path.exists(best)
-  assert finetuning.best_location(best) == best + ".partial"
-  assert finetuning.read_best_info(workdir)["step"] == 2
+  assert best_model.best_location(best) == best + ".partial"
+  assert best_model.read_best_info(workdir)["step"] == 2
   for path in (workdir, best):   # predict and export take a workdir or its best/
     assert fine_tuned.best_directory(path) == best + ".partial"
   assert int(fine_tuned.load(workdir).params["head"]["classifier"]["kernel"][0, 0]) == 2
 
-  finetuning.settle_best(best)   # what the end of the run (and the next save) does first
+  best_model.settle_best(best)   # what the end of the run (and the next save) does first
   assert sorted(os.listdir(workdir)) == ["best"]
   assert step_of(best) == 2
 
@@ -95,9 +95,9 @@ def test_a_half_copied_best_is_passed_over_for_the_complete_one(model, tmp_path)
   best = os.path.join(workdir, "best")
   save(model, best, 1)
   shutil.copytree(best, best + ".old")
-  os.remove(os.path.join(best, finetuning.HEAD_FILE))
-  assert finetuning.best_location(best) == best + ".old"
-  assert finetuning.read_best_info(workdir)["step"] == 1
+  os.remove(os.path.join(best, best_model.HEAD_FILE))
+  assert best_model.best_location(best) == best + ".old"
+  assert best_model.read_best_info(workdir)["step"] == 1
   save(model, best, 2)
   assert sorted(os.listdir(workdir)) == ["best"]
   assert step_of(best) == 2
@@ -116,9 +116,9 @@ def test_a_save_killed_while_writing_leaves_the_old_best_in_place(model, tmp_pat
   best = os.path.join(workdir, "best")
   save(model, best, 1)
   save(model, best + ".partial", 2)
-  os.remove(os.path.join(best + ".partial", finetuning.BEST_INFO))   # killed before best.json
-  assert finetuning.best_location(best) == best
-  assert finetuning.read_best_info(workdir)["step"] == 1
+  os.remove(os.path.join(best + ".partial", best_model.BEST_INFO))   # killed before best.json
+  assert best_model.best_location(best) == best
+  assert best_model.read_best_info(workdir)["step"] == 1
   save(model, best, 3)
   assert sorted(os.listdir(workdir)) == ["best"]
   assert step_of(best) == 3
@@ -131,7 +131,7 @@ def test_a_save_that_fails_half_way_keeps_the_best_before_it(model, tmp_path):
   best = str(tmp_path / "best")
   save(model, best, 1)
   gone = types.SimpleNamespace(vocab_file=str(tmp_path / "gone" / "vocab.txt"))
-  with pytest.raises(finetuning.BestWriteError,
+  with pytest.raises(best_model.BestWriteError,
                      match=rf"best model of step 2 in {re.escape(best)}\.partial .*"
                            rf"{re.escape(best)} holds the best model before it"):
     save(model, best, 2, tokenizer=gone)
@@ -143,8 +143,8 @@ def test_a_damaged_best_is_still_named_by_check_best(model, tmp_path):
   """Nothing complete beside it: the damaged best/ is returned, and its damage named."""
   best = str(tmp_path / "best")
   save(model, best, 1)
-  with open(os.path.join(best, finetuning.HEAD_FILE), "r+b") as f:
+  with open(os.path.join(best, best_model.HEAD_FILE), "r+b") as f:
     f.truncate(10)
   assert fine_tuned.best_directory(str(tmp_path)) == best
   with pytest.raises(file_digests.DamagedFileError, match="head.safetensors has 10 bytes"):
-    finetuning.check_best(best)
+    best_model.check_best(best)

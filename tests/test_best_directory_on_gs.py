@@ -16,7 +16,7 @@ def on_gs(workdir: str, scratch: str) -> None:
   """The checks, in a process of its own (the emulator's address is read when bert_jax.io is
   first imported)."""
   from bert_jax.io import filesystem
-  from bert_jax.tasks.framework import finetuning
+  from bert_jax.tasks.framework import best_model
   from bert_jax.tasks.tools import fine_tuned
   from tests import test_best_directory as local
   model = local.tiny_model(scratch)
@@ -28,12 +28,12 @@ def on_gs(workdir: str, scratch: str) -> None:
   local.save(model, filesystem.join(workdir, "new"), 3)
   filesystem.rename(best, best + ".old")
   filesystem.rename(filesystem.join(workdir, "new"), best + ".partial")
-  for name in (finetuning.BEST_INFO, "vocab.txt"):   # best.partial/ -> best/, stopped half-way
+  for name in (best_model.BEST_INFO, "vocab.txt"):   # best.partial/ -> best/, stopped half-way
     filesystem.copy(filesystem.join(best + ".partial", name), filesystem.join(best, name))
-  assert finetuning.best_location(best) == best + ".partial"
+  assert best_model.best_location(best) == best + ".partial"
   assert fine_tuned.best_directory(workdir) == best + ".partial"
-  assert finetuning.read_best_info(workdir)["step"] == 3
-  finetuning.settle_best(best)
+  assert best_model.read_best_info(workdir)["step"] == 3
+  best_model.settle_best(best)
   assert filesystem.listdir(workdir) == ["best"] and local.step_of(best) == 3
 
 

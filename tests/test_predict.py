@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax.tasks.datasets import glue, ner
 
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model
 
 from bert_jax.tasks.tools import fine_tuned, prediction
 
@@ -126,10 +126,10 @@ def test_cli_end_to_end_and_a_best_dir_without_task_config(fine_tuned_runs, tmp_
   assert f"{source}:2: expected 2 tab-separated columns" in result.stderr
   assert [o["line"] for o in _jsonl(target)] == [1]
   # A best/ of a release that recorded neither task_config.json nor the files' digests.
-  best = str(tmp_path / finetuning.BEST_DIR)
-  shutil.copytree(os.path.join(fine_tuned_runs["mrpc"], finetuning.BEST_DIR), best)
-  os.remove(os.path.join(best, finetuning.TASK_CONFIG))
-  info_path = os.path.join(best, finetuning.BEST_INFO)
+  best = str(tmp_path / best_model.BEST_DIR)
+  shutil.copytree(os.path.join(fine_tuned_runs["mrpc"], best_model.BEST_DIR), best)
+  os.remove(os.path.join(best, best_model.TASK_CONFIG))
+  info_path = os.path.join(best, best_model.BEST_INFO)
   with open(info_path, encoding="utf-8") as f:
     info = json.load(f)
   del info["file_digests"]

@@ -7,7 +7,7 @@ import pytest
 from bert_jax import tasks
 from bert_jax.tasks import registry
 from bert_jax.tasks.datasets import glue
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model
 from bert_jax.tasks.framework import task as task_protocol
 from bert_jax.tasks.tools import fine_tuned
 
@@ -52,7 +52,7 @@ def test_a_new_task_is_one_file(tmp_path, monkeypatch):
   assert callable(registry.runner("toy"))
   config = ml_collections.ConfigDict({"task": "toy", "data": {"glue_task": "sst2"}})
   assert type(registry.make_task(config)).__name__ == "ToyTask"
-  (tmp_path / finetuning.TASK_CONFIG).write_text(json.dumps(config.to_dict()))
+  (tmp_path / best_model.TASK_CONFIG).write_text(json.dumps(config.to_dict()))
   assert fine_tuned.read_task_config(str(tmp_path)).task == "toy"
 
 

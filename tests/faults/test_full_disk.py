@@ -12,7 +12,7 @@ import os
 import re
 import signal
 
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model, finetuning
 from bert_jax.tasks.tools import fine_tuned
 from tests import finetuning_fixtures as fx
 from tests.faults import job_runs
@@ -152,7 +152,7 @@ def test_glue_a_full_disk_while_best_is_written_keeps_the_best_before_it(jobs, s
   assert f"{best} holds the best model before it" in failed.stderr
   # The unfinished one removed (its space given back), the one before it whole and loadable.
   assert sorted(n for n in os.listdir(workdir) if n.startswith("best")) == ["best"]
-  assert finetuning.read_best_info(workdir)["step"] == 1
+  assert best_model.read_best_info(workdir)["step"] == 1
   assert fine_tuned.load(workdir).directory == best   # check_best: every file as recorded
 
   mount(room * 4, remount=True)   # space freed

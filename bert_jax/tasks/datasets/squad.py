@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model, finetuning
 from bert_jax.tasks.framework.task import Task, columns, text_field
 from bert_jax.model import heads
 from bert_jax.tasks.datasets import squad_metrics
@@ -642,7 +642,7 @@ def _write_predictions(config, workdir, split, examples, predictions) -> List[st
   stored in WORKDIR/best/ (beside the fine-tuned model) and applied to every other split."""
   p = _as_predictions(predictions)
   directory = workdir if split == "dev" else filesystem.join(workdir, split)
-  best_dir = filesystem.join(workdir, finetuning.BEST_DIR)
+  best_dir = filesystem.join(workdir, best_model.BEST_DIR)
   official = None
   if config.version == "2.0" and config.tune_null_threshold:
     if split == "dev":

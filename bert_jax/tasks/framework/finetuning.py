@@ -13,7 +13,7 @@ not the encoder's; AdamW as the original with linear warm-up over the first
 run sees the same batches); dropout randomness `fold_in(rng, step)`; evaluation on the *whole*
 eval split after every epoch (or every `config.eval_every_steps`), the last partial batch padded
 and masked, never dropped; the best parameters by `task.best_metric` kept in `WORKDIR/best/`
-(an encoder `load_pretrained` reads, plus `head.safetensors`); at the end the best parameters
+(`best_model`: an encoder `load_pretrained` reads, plus `head.safetensors`); at the end the best parameters
 predict every eval and test split.
 
 Output files: `WORKDIR/metrics.jsonl` (train and eval lines), `WORKDIR/results.json`
@@ -23,7 +23,6 @@ prediction files, `WORKDIR/checkpoints/` (written at every evaluation and every
 
 Shape letters: B batch, S sequence, H hidden, L layers.
 """
-import contextlib
 import dataclasses
 import functools
 import json
@@ -42,7 +41,7 @@ from absl import logging
 from flax import traverse_util
 
 from bert_jax import parallel
-from bert_jax.io import checkpoints, file_digests, filesystem
+from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import flops, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
@@ -54,18 +53,12 @@ from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
+from bert_jax.tasks.framework import best_model
 from bert_jax.tasks.framework.task import (  # noqa: F401 (the loop's names for them)
     MODEL_INPUTS, OUTPUT_KINDS, Features, FunctionTask, Task)
 from bert_jax.text import tokenization
 
 RESULTS_FILE = "results.json"
-BEST_DIR = "best"
-HEAD_FILE = "head.safetensors"
-BEST_INFO = "best.json"
-# The experiment config a best/ model was fine-tuned with: what predict and export rebuild the
-# task from (its head, labels, max_seq_length, casing).
-TASK_CONFIG = "task_config.json"
-SPM_COPY = checkpoints.SPM_CANDIDATES[0]  # the SentencePiece model saved beside best/
 # Row mask the loop adds to every batch: 1 for real rows, 0 for the padding of a last eval batch.
 EXAMPLE_MASK = "example_mask"
 # What a token output holds at the positions a length bucket cut off (all padding): low enough
@@ -267,155 +260,6 @@ def merge_pretrained(init_params: Dict, pretrained: Dict, new_params: Sequence[s
   return tree, missing
 
 
-def _flat(tree) -> Dict[str, np.ndarray]:
-  return {"/".join(k): np.ascontiguousarray(np.asarray(v, np.float32))
-          for k, v in traverse_util.flatten_dict(jax.device_get(tree)).items()}
-
-
-class BestWriteError(OSError):
-  """best/ could not be written (a full disk, a store that refused it): the best model saved
-  before it is still complete, and the same command, run again, writes the new one."""
-
-
-def _best_siblings(directory: str) -> Tuple[str, str, str]:
-  """(best/, best.partial/, best.old/): where `save_best` writes a new best/ before it swaps
-  it in, and where the one it replaces waits until the new one is in place."""
-  directory = directory.rstrip("/")
-  return directory, directory + ".partial", directory + ".old"
-
-
-def _is_complete(directory: str) -> bool:
-  """best.json there, and every file it records there with its recorded size (on Cloud
-  Storage a directory moves object by object: one caught half-moved lacks some)."""
-  info = filesystem.join(directory, BEST_INFO)
-  if not filesystem.exists(info):
-    return False
-  try:
-    recorded = json.loads(filesystem.read_text(info)).get("file_digests") or {}
-  except ValueError:   # best.json itself damaged: check_best names it
-    return False
-  return all(filesystem.exists(filesystem.join(directory, name))
-             and filesystem.getsize(filesystem.join(directory, name)) == digest["bytes"]
-             for name, digest in recorded.items())
-
-
-def best_location(directory: str) -> Optional[str]:
-  """Where the best model saved as `directory` (WORKDIR/best) is: `directory` itself, or after a
-  save stopped between its renames the complete one beside it (`best.partial`, the new one, or
-  `best.old`). None if there is none; a best/ whose files differ from their record is returned
-  when nothing complete is found, so that `check_best` names the damaged file."""
-  candidates = _best_siblings(directory)
-  complete = [c for c in candidates if _is_complete(c)]
-  if complete:
-    return complete[0]
-  return directory if filesystem.exists(filesystem.join(directory, BEST_INFO)) else None
-
-
-def settle_best(directory: str) -> None:
-  """Puts the complete best model back at `directory` after a save that stopped half-way, and
-  removes what that save left beside it. At every instant a complete one stays findable by
-  `best_location` (on Cloud Storage a rename is a copy, then a delete)."""
-  current = next((c for c in _best_siblings(directory) if _is_complete(c)), None)
-  _, partial, old = _best_siblings(directory)
-  for stale in (partial, old):
-    if stale != current and filesystem.exists(stale):
-      filesystem.rmtree(stale)
-  if current not in (None, directory):
-    if filesystem.exists(directory):   # a best/ caught half-copied: the complete one is current
-      filesystem.rmtree(directory)
-    filesystem.rename(current, directory)
-
-
-def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
-              tokenizer=None, task_config: Optional[ml_collections.ConfigDict] = None) -> None:
-  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json`, the
-  vocabulary (`vocab.txt` or `spm.model`) and the run's config (`task_config.json`): everything
-  a later predict-only run, `bert_jax.predict` or `bert_jax.export` needs.
-
-  The new best/ is written whole beside the old one (`best.partial/`), then swapped in with two
-  renames (the old one to `best.old/`, removed last): a save that fails (a full disk) or is
-  killed never leaves the previous best model half overwritten."""
-  params = sharding.to_host(params)  # every process: gathers parameters split across hosts
-  if not outputs.is_writer():
-    return
-  _, partial, old = _best_siblings(directory)
-  try:
-    settle_best(directory)   # also removes a best.partial/ left unfinished
-    filesystem.makedirs(partial)
-    _write_best_files(partial, bert_config, params, info, tokenizer, task_config)
-    if filesystem.exists(directory):
-      filesystem.rename(directory, old)
-    filesystem.rename(partial, directory)
-    if filesystem.exists(old):
-      filesystem.rmtree(old)
-  except Exception as error:  # pylint: disable=broad-except  (safetensors' own errors too)
-    with contextlib.suppress(OSError):   # the space an unfinished one took, given back
-      if filesystem.exists(partial) and not _is_complete(partial):
-        filesystem.rmtree(partial)
-    kept = best_location(directory)
-    full = filesystem.no_space(error)
-    raise BestWriteError(
-        f"Could not write the best model of step {info.get('step')} in {partial} (to replace "
-        f"{directory}): {'the disk is full' if full else type(error).__name__} "
-        f"({str(error).splitlines()[0][:300] if str(error) else ''}). Nothing complete was "
-        "lost: " + (f"{kept} holds the best model before it" if kept else
-                    "there was no best model before it")
-        + f"; {'free space and ' if full else ''}run the same command again to resume.") from error
-
-
-def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
-                      tokenizer, task_config: Optional[ml_collections.ConfigDict]) -> None:
-  from safetensors.numpy import save
-  checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
-  if getattr(tokenizer, "spm_model_file", None):
-    filesystem.copy(tokenizer.spm_model_file, filesystem.join(directory, SPM_COPY))
-  elif getattr(tokenizer, "vocab_file", None):
-    filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
-  with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:
-    f.write(save(_flat(params["head"])))
-  if task_config is not None:
-    filesystem.write_text(filesystem.join(directory, TASK_CONFIG),
-                          task_config.to_json_best_effort(indent=2, sort_keys=True))
-  # Written last: a best/ directory with best.json is complete. It records every other file's
-  # size and SHA-256, which `check_best` compares before the files are used.
-  digests = file_digests.digests(
-      directory, [n for n in filesystem.listdir(directory)
-                  if n != BEST_INFO and filesystem.isfile(filesystem.join(directory, n))])
-  filesystem.write_text(filesystem.join(directory, BEST_INFO),
-                        json.dumps(dict(info, file_digests=digests), indent=2, sort_keys=True))
-
-
-def check_best(directory: str) -> None:
-  """Raises file_digests.DamagedFileError naming a file of best/ that was cut short or changed
-  after the run wrote it (best/ written before digests were recorded is taken as it is)."""
-  path = filesystem.join(directory, BEST_INFO)
-  recorded = json.loads(filesystem.read_text(path)).get("file_digests")
-  if recorded:
-    file_digests.check(directory, recorded, path)
-
-
-def read_head(directory: str) -> Dict:
-  """The task head's parameters saved by `save_best`."""
-  from safetensors.numpy import load
-  with filesystem.open(filesystem.join(directory, HEAD_FILE), "rb") as f:
-    flat = load(f.read())
-  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
-
-
-def load_best(directory: str, bert_config: BertConfig) -> Dict:
-  check_best(directory)
-  _, encoder = checkpoints.load_pretrained(directory)
-  encoder = checkpoints.to_model_layout(encoder, bert_config)
-  return {"bert": encoder["bert"], "head": read_head(directory)}
-
-
-def read_best_info(workdir: str) -> Optional[Dict]:
-  directory = best_location(filesystem.join(workdir, BEST_DIR))
-  if directory is None:
-    return None
-  return json.loads(filesystem.read_text(filesystem.join(directory, BEST_INFO)))
-
-
 # ----------------------------------------------------------------------------------- evaluation
 
 
@@ -560,9 +404,9 @@ def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> 
   """A fresh run's state: the checkpoint's encoder (and head, for a best/ directory) in place of
   the freshly initialised one; the new head keeps its initialisation."""
   _, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
-  if filesystem.exists(filesystem.join(config.init_checkpoint, HEAD_FILE)):
+  if filesystem.exists(filesystem.join(config.init_checkpoint, best_model.HEAD_FILE)):
     # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked here).
-    pretrained = dict(pretrained, head=read_head(config.init_checkpoint))
+    pretrained = dict(pretrained, head=best_model.read_head(config.init_checkpoint))
   host = jax.device_get(par.checkpointable(state))
   params, not_loaded = merge_pretrained(
       host.params, checkpoints.to_model_layout(pretrained, bert_config), task.new_params,
@@ -579,8 +423,8 @@ class _BestKeeper:
     self.task, self.config, self.inputs, self.par = task, config, inputs, trainer.par
     self.predictor = Predictor(model, task, config.eval_batch_size, self.par.mesh,
                                self.par.params_sharding(), config.length_bucket)
-    self.directory = filesystem.join(trainer.workdir, BEST_DIR)
-    best = read_best_info(trainer.workdir) if trainer.resumed else None
+    self.directory = filesystem.join(trainer.workdir, best_model.BEST_DIR)
+    best = best_model.read_best_info(trainer.workdir) if trainer.resumed else None
     self.value = best["value"] if best else None
 
   def __call__(self, state, step: int) -> Dict[str, float]:
@@ -594,7 +438,7 @@ class _BestKeeper:
     value = record[self.task.best_metric]
     if _is_better(value, self.value, self.task.higher_is_better):
       self.value = value
-      save_best(self.directory, self.inputs.bert_config, params,
+      best_model.save_best(self.directory, self.inputs.bert_config, params,
                 {"step": step, "metric": self.task.best_metric, "value": value,
                  "metrics": record}, self.inputs.tokenizer, self.config)
     return record
@@ -677,19 +521,19 @@ def _final_results(task: Task, config, inputs: Inputs, predictor: "Predictor", p
                    workdir: str, step: int, num_train_steps: int,
                    train_seconds: float) -> Dict[str, Any]:
   """Predictions of every eval and test split by the best parameters; files and results.json."""
-  best_dir = filesystem.join(workdir, BEST_DIR)
+  best_dir = filesystem.join(workdir, best_model.BEST_DIR)
   if outputs.is_writer():   # a save stopped between its renames: its complete best/ in place
-    settle_best(best_dir)
+    best_model.settle_best(best_dir)
   if jax.process_count() > 1:   # the other processes read best/ once it is settled
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("best/ settled")
-  best = read_best_info(workdir)
+  best = best_model.read_best_info(workdir)
   if best is None:  # every evaluation was NaN: fall back to the last parameters
-    save_best(best_dir, inputs.bert_config, par.checkpointable(state).params,
+    best_model.save_best(best_dir, inputs.bert_config, par.checkpointable(state).params,
               {"step": step, "metric": task.best_metric, "value": float("nan"), "metrics": {}},
               inputs.tokenizer, config)
-    best = read_best_info(workdir)
-  params = load_best(best_dir, inputs.bert_config)
+    best = best_model.read_best_info(workdir)
+  params = best_model.load_best(best_dir, inputs.bert_config)
   results: Dict[str, Any] = {
       "task": task.name, "init_checkpoint": config.init_checkpoint, "seed": config.seed,
       "best_metric": task.best_metric, "best_value": best["value"], "best_step": best["step"],

@@ -14,7 +14,7 @@ import ml_collections
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks import registry
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import best_model, finetuning
 from bert_jax.runtime import config_names
 
 
@@ -39,18 +39,18 @@ class FineTuned:
 
 def best_directory(path: str) -> str:
   """`path` itself if it is a best/ directory, else `path/best` (a fine-tuning workdir); for a
-  save that stopped between its renames, the complete one beside it (`finetuning.best_location`)."""
-  for candidate in (path, filesystem.join(path, finetuning.BEST_DIR)):
-    found = finetuning.best_location(candidate)
+  save that stopped between its renames, the complete one beside it (`best_model.best_location`)."""
+  for candidate in (path, filesystem.join(path, best_model.BEST_DIR)):
+    found = best_model.best_location(candidate)
     if found:
       return found
   raise FileNotFoundError(
-      f"{path}: not a fine-tuned model (no {finetuning.BEST_INFO} in it or in "
-      f"{filesystem.join(path, finetuning.BEST_DIR)}); give WORKDIR/best of a fine-tuning run")
+      f"{path}: not a fine-tuned model (no {best_model.BEST_INFO} in it or in "
+      f"{filesystem.join(path, best_model.BEST_DIR)}); give WORKDIR/best of a fine-tuning run")
 
 
 def read_task_config(directory: str) -> ml_collections.ConfigDict:
-  path = filesystem.join(directory, finetuning.TASK_CONFIG)
+  path = filesystem.join(directory, best_model.TASK_CONFIG)
   if not filesystem.exists(path):
     raise FileNotFoundError(
         f"{path} is missing: this best/ was written before task_config.json was recorded; "
@@ -72,7 +72,7 @@ def load(path: str, **model_overrides) -> FineTuned:
 
   model_overrides: runtime fields of `config.model` (e.g. dtype="bfloat16")."""
   directory = best_directory(path)
-  finetuning.check_best(directory)
+  best_model.check_best(directory)
   # Everything comes from best/ now, whatever paths the run had (they may not exist here).
   vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
   config = config_names.replaced(read_task_config(directory), dict(
@@ -86,7 +86,7 @@ def load(path: str, **model_overrides) -> FineTuned:
   bert_config = finetuning.bert_config_for(config, loaded_config)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   params = {"bert": checkpoints.to_model_layout(encoder, bert_config)["bert"],
-            "head": finetuning.read_head(directory)}
+            "head": best_model.read_head(directory)}
   model = finetuning.FineTuningModel(bert_config, task.make_head(), task.output_hidden_states,
                                      task.freeze_encoder)
   return FineTuned(directory, config, task, bert_config, model, params, tokenizer)
