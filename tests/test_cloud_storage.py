@@ -145,6 +145,19 @@ def _half_written_steps(url, prefix):
                 if committed and s > max(committed))
 
 
+def assert_glue_outputs_equal(url, prefix, local):
+  """The MRPC run under `prefix` in the bucket wrote the prediction files and results of the run
+  in the local folder `local`."""
+  for name in ("dev_predictions.tsv", "MRPC.tsv"):
+    with open(os.path.join(local, name), "rb") as f:
+      assert _download(url, f"{prefix}/{name}") == f.read(), name
+  results = json.loads(_download(url, f"{prefix}/results.json"))
+  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  for key in ("best_value", "best_step", "dev", "files"):
+    assert results[key] == expected[key], key
+
+
 def _records(data: bytes):
   lines = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
   return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in lines]
@@ -231,14 +244,7 @@ def test_fine_tuning_from_and_to_gs_equals_local(emulator, tmp_path):
   subprocess.run(_main("experiments/glue.py:task=mrpc,quick", local, *common,
                        f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"),
                  cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
-  for name in ("dev_predictions.tsv", "MRPC.tsv"):
-    with open(os.path.join(local, name), "rb") as f:
-      assert _download(emulator, f"ft/run/{name}") == f.read(), name
-  results = json.loads(_download(emulator, "ft/run/results.json"))
-  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
-    expected = json.load(f)
-  for key in ("best_value", "best_step", "dev", "files"):
-    assert results[key] == expected[key], key
+  assert_glue_outputs_equal(emulator, "ft/run", local)
   names = _objects(emulator, "ft/run/best/")
   assert {"ft/run/best/head.safetensors", "ft/run/best/best.json",
           "ft/run/best/vocab.txt"} <= set(names)

@@ -133,6 +133,24 @@ def _launch(experiment: str, workdir: str, *flags: str, devices_per_process: int
   return outputs[0][0]
 
 
+def assert_ends_as_an_uninterrupted_run(experiment: str, workdir: str, reference: str,
+                                        steps: int) -> None:
+  """The 2 processes run uninterrupted into `reference`; the run in `workdir` (resumed after a
+  fault) logged every step 1..`steps` with the same losses and accuracies and ended with the
+  same parameters."""
+  from tests import demo_runs
+  _launch(experiment, reference)
+  ours, theirs = (demo_runs.untimed_metrics(w) for w in (workdir, reference))
+  assert [r["step"] for r in ours] == list(range(1, steps + 1))
+  for a, b in zip(ours, theirs):
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+      np.testing.assert_allclose(a[key], b[key], rtol=1e-6, err_msg=f"step {a['step']} {key}")
+  ours, theirs = (checkpoints.flatten(checkpoints.load_pretrained(w)[1])
+                  for w in (workdir, reference))
+  for name, value in theirs.items():
+    np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
 def _data(data_dir):
   """The fixture data, plus two eval files of different lengths (24 and 8 records)."""
   fx.make_data(data_dir)

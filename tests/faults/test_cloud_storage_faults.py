@@ -10,7 +10,6 @@
 * With `--long-faults` (minutes each): kill -9 while a checkpoint is half written on gs://;
   GLUE fine-tuning through a 30 s outage (the emulator paused).
 """
-import json
 import os
 import shutil
 import signal
@@ -22,13 +21,15 @@ import pytest
 
 from bert_jax import parallel
 from bert_jax.runtime import job as jobs
-from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from bert_jax.runtime.metric_writers import read_metrics
+from tests import demo_runs
 from tests import finetuning_fixtures as ftx
 from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
                                       _env, _half_written_steps, _main, _outage_env,
                                       _own_emulator,
                                       _records, _start_demo_and_wait_for_a_checkpoint,
                                       _start_emulator,
+                                      assert_glue_outputs_equal,
                                       emulator, local_demo)  # noqa: F401  (fixtures)
 from tests.test_loop_actions import _toy_job
 
@@ -86,9 +87,7 @@ def test_the_store_restarted_empty_mid_run_stops_it_and_the_rerun_says_it_starts
     finally:
       store.kill()
       store.wait()
-  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
-            for r in read_metrics(local_demo)]
-  assert ours == theirs
+  assert ours == demo_runs.untimed_metrics(local_demo)
   print(f"the run stopped {stopped_after:.0f} s after the store lost its bucket:",
         [line for line in output.splitlines() if "Error" in line][-1])
 
@@ -137,9 +136,8 @@ def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete
                          capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
   assert f"Resumed from the checkpoint at step {newest} " in again.stdout, again.stdout[-3000:]
-  theirs = [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
-            for r in read_metrics(local_demo)]
-  assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == theirs
+  assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == demo_runs.untimed_metrics(
+      local_demo)
   print(f"killed with the checkpoint at step {half_written} half written; resumed from {newest}")
 
 
@@ -176,11 +174,4 @@ def test_fine_tuning_on_gs_rides_out_a_30_s_outage(tmp_path):
       pytest.fail("the run did not end 15 minutes after the outage:\n"
                   + proc.communicate()[0][-20000:])
     assert proc.returncode == 0, output[-5000:]
-    for name in ("dev_predictions.tsv", "MRPC.tsv"):
-      with open(os.path.join(local, name), "rb") as f:
-        assert _download(url, f"ft_outage/{name}") == f.read(), name
-    results = json.loads(_download(url, "ft_outage/results.json"))
-  with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
-    expected = json.load(f)
-  for key in ("best_value", "best_step", "dev", "files"):
-    assert results[key] == expected[key], key
+    assert_glue_outputs_equal(url, "ft_outage", local)
