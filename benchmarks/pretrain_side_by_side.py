@@ -1,14 +1,16 @@
-r"""Pre-training step for step: bert_jax vs `transformers` `BertForPreTraining`, same everything.
+r"""Pre-training step for step: bert_jax vs `transformers`, same everything.
 
   python -m benchmarks.pretrain_side_by_side --size=mini --steps=300 --batch=32 --seq=128 \
     --dropout_seeds=3 --out=/tmp/pretrain_side_by_side
+  python -m benchmarks.pretrain_side_by_side --family=modernbert --size=mini --steps=300 \
+    --batch=32 --seq=128 --dropout_seeds=0 --out=/tmp/modern_side_by_side
 
 Why: a loss curve that merely "looks like" the reference's can hide a wrong loss weighting,
 schedule, clipping or optimizer detail for a long time. Here both sides start from the same
 weights and see the same batches, so with dropout off every step must agree to float32
 rounding, and any difference in the recipe shows up within a few steps.
 
-What both sides share:
+`--family=bert` (the default): BERT against `BertForPreTraining`.
   data       the first N training batches of bert_jax's own tf.data pipeline (dynamic masking)
              on the demo corpus (Python's documentation, experiments/pretrain_demo.py; built
              once into OUT/data), materialised as numpy and fed to both sides in the same order
@@ -27,26 +29,64 @@ What both sides share:
              norm. The learning rate of step t (0-based) is bert_jax's schedule(t): linear
              warm-up from 0, then the original linear decay.
 
-bert_jax runs its real jitted `pretraining.train_step` with the optimizer of
-`optim.create_optimizer`. Per-step losses (total, MLM, NSP) are compared, and at the end every
-parameter (bert_jax's exported again with `export_huggingface`, by Hugging Face name).
+`--family=modernbert`: the modern encoder (bert_jax/model/modern.py) against
+`ModernBertForMaskedLM`, run by transformers itself as far as it goes.
+  data       experiments/pretrain_modernbert.py's (`:quick`'s corpus, the whole of it):
+             contiguous rows of the demo corpus without NSP, masked while reading at 30%; a
+             learned WordPiece vocabulary of 4,000 ([PAD] = 0)
+  model      MODERN_SHAPES[--size]: 4 layers, global, local, local, global, the local ones in a
+             window of --local_attention tokens (32 of 128: a local layer sees a quarter of the
+             row); rotary bases 160,000 (global) and 10,000 (local), so a layer that took the
+             other kind's table would show
+  weights    as for BERT (`export_huggingface` writes ModernBertForMaskedLM's layout), loaded
+             with `ModernBertForMaskedLM.from_pretrained` (eager attention, sparse_prediction:
+             the head and decoder at the labelled positions only, as bert_jax's gather)
+  loss       transformers' own: `labels` [B, S] hold masked_lm_ids at the masked_lm_positions
+             of weight 1 and -100 elsewhere, and the model's loss is their mean. bert_jax divides
+             the same sum by sum(w) + 1e-5, so the PyTorch loss is multiplied by n / (n + 1e-5)
+             (n = the labelled positions), which makes the two the same function
+  optimizer  AdamW with bias correction and the recipe's betas (0.9, 0.98) and eps 1e-6, clipped
+             at global norm 1.0, the schedule bert's (linear warm-up, linear decay to 0): on the
+             PyTorch side torch.optim.AdamW itself, in two param groups by transformers' own rule
+             (`Trainer.get_decay_parameter_names`: no decay on biases and norms, bert_jax's
+             `decay_mask`), after the same clipping written out (clip_grad_norm_'s + 1e-6
+             aside), with each step's rate set to bert_jax's schedule(t). Weight decay 0.01,
+             not the recipe's 1e-5: at 1e-5 the decay moves a weight by ~1e-6 over 300 steps, less
+             than the comparison resolves, so a decay on the wrong tensors would pass unseen.
+             The experiment itself trains with StableAdamW (optimi's), without clipping and with
+             warmup-stable-decay; torch.optim has no StableAdamW, so those are not compared here.
+  [PAD]      transformers' token embedding has padding_idx=pad_token_id (so has ModernBERT's
+             own training code): a lookup of [PAD] adds no gradient to its row, and bert_jax's
+             ModernBERT embedding does the same (BERT's, as the original BERT's, does not). It
+             matters only where [PAD] is an input at a real position, which only masking's
+             random replacement makes (a uniformly random id, [PAD] included; 16 times in the
+             300 batches of the command above: `pad_inputs`). Without it on one side, the [PAD]
+             row ends 3e-2 apart (half of what training moved it), decoder.bias 3e-3, the loss
+             2e-5 relative; tests/test_modern_side_by_side.py shows that fails the comparison.
+
+bert_jax runs its real jitted pre-training step and optimizer (`pretraining.make_job`: the
+step, optimizer and initial state a run trains with). Per-step losses (total, MLM, NSP where
+there is one, and the gradient norm) are compared, and at the end every parameter (bert_jax's
+exported again with `export_huggingface`, by Hugging Face name).
 
 `--dropout_seeds=K` (0 skips it): dropout 0.1 on both sides, K dropout seeds per side on the same
 initial weights and batches; only the dropout streams differ (bert_jax: the dropout key
 `train_and_evaluate` derives from config.seed=s, PyTorch: `torch.manual_seed(s)`). The two
 sides' loss curves should then differ by no more than seeds differ from each other.
 Results go to OUT/pretrain_side_by_side.md (tables to paste into benchmarks/RESULTS.md), .json,
-and plots of the loss curves (PNG with matplotlib, else a plain SVG). A CI-sized version (tiny
-model, 8 steps) is tests/test_pretrain_side_by_side.py.
+and plots of the loss curves (PNG with matplotlib, else a plain SVG); the last line printed is a
+one-line JSON summary. CI-sized versions (tiny models, 8 steps) are
+tests/test_pretrain_side_by_side.py and tests/test_modern_side_by_side.py.
 """
 import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -63,7 +103,8 @@ import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 
-LOSSES = ("loss", "mlm_loss", "nsp_loss")
+FAMILIES = ("bert", "modernbert")
+LOSSES = ("loss", "mlm_loss", "nsp_loss")   # BERT's; `losses_of(config)` for either family
 CURVES = LOSSES + ("grad_norm",)     # compared step by step; grad_norm: before clipping
 # Tensors whose gradient is zero in exact arithmetic: a key bias adds q . b_k to every logit of a
 # query alike, which the softmax cancels. Both sides move them only by rounding noise (which Adam
@@ -96,6 +137,66 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
   return c
 
 
+# ModernBERT shapes of this comparison: (layers, hidden, heads, GLU width). Four layers are global,
+# local, local, global (every third global, as released); head dim 64 (tiny: 32) and a GLU width
+# of 1.5 H, as modernbert-base's. tiny is experiments/pretrain_modernbert.py:quick's model.
+MODERN_SHAPES = {"tiny": (4, 64, 2, 96), "mini": (4, 128, 2, 192), "small": (4, 256, 4, 384)}
+
+
+def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
+                  lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
+                  kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000):
+  """experiments/pretrain_modernbert.py:quick's data (contiguous demo-corpus rows masked at 30%)
+  on the whole corpus, the model at MODERN_SHAPES[size] in float32, AdamW with bias correction,
+  and the schedule over exactly `steps` steps (module docstring: what else is set and why)."""
+  from experiments import pretrain_modernbert
+  if size not in MODERN_SHAPES:
+    raise ValueError(f"--size={size!r} with --family=modernbert: expected one of "
+                     f"{sorted(MODERN_SHAPES)}")
+  if not 0 < local_attention < seq:
+    raise ValueError(f"--local_attention={local_attention}: the window must be narrower than "
+                     f"the row ({seq}), or the local layers attend as the global ones")
+  c = pretrain_modernbert.get_config("quick")
+  layers, hidden, heads, glu_width = MODERN_SHAPES[size]
+  c.model.update(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 intermediate_size=glu_width, vocab_size=vocab_size,
+                 local_attention=local_attention, global_rope_theta=160_000.0,
+                 max_position_embeddings=max(seq, c.model.max_position_embeddings),
+                 dtype="float32", kernels=kernels)
+  # 30% of a row's positions (as the experiment's phases), in slots of 8.
+  c.max_seq_length = seq
+  c.max_predictions_per_seq = 8 * math.ceil(c.data.masked_lm_prob * seq / 8)
+  c.global_batch_size, c.seed = batch, seed
+  c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
+  # Set whole, not inherited: the experiment's own optimizer (StableAdamW, no clipping, decay
+  # scaled by the schedule's shape only) and warmup-stable-decay schedule have no counterpart in
+  # torch.optim, and a change of the experiment must not silently change this comparison.
+  c.optimizer.update(name="adamw", b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01,
+                     clip_grad_norm=1.0, bias_correction=True,
+                     fully_decoupled_weight_decay=False)
+  c.schedule.update(name="bert", decay_steps=0, decay_fraction=0.0, decay_shape="linear",
+                    final_fraction=0.0)
+  c.data.demo_max_documents = 0                    # the whole corpus: 300 steps x 32 rows
+  c.data.shuffle_buffer_size = 1000
+  set_dropout(c, dropout)
+  return c
+
+
+def family_of(config) -> str:
+  """`config.model`'s family, as the job reads it (a BERT model block need not name one)."""
+  from bert_jax.tasks.jobs import pretraining
+  return "modernbert" if pretraining.bert_config_from(config).is_modern else "bert"
+
+
+def losses_of(config) -> tuple:
+  """The losses compared step by step: total and MLM, and NSP where the objective has it."""
+  return ("loss", "mlm_loss") + (("nsp_loss",) if config.objective == "mlm_nsp" else ())
+
+
+def curves_of(config) -> tuple:
+  return losses_of(config) + ("grad_norm",)
+
+
 def set_dropout(config, rate: float) -> None:
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = rate
 
@@ -120,14 +221,11 @@ def take_batches(config, count: int) -> List[Batch]:
 
 
 def initial_params(config):
-  """bert_jax's initial parameters: `create_train_state` with train_and_evaluate's init key."""
+  """bert_jax's initial parameters: the pre-training job's `init_state` (train_and_evaluate's
+  init key)."""
   import jax
-  from bert_jax.runtime import optim
   from bert_jax.tasks.jobs import pretraining
-  init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
-  tx, _ = optim.create_optimizer(config, config.num_train_steps)
-  state = pretraining.create_train_state(config, pretraining.build_model(config), tx, init_rng)
-  return jax.device_get(state.params)
+  return jax.device_get(pretraining.make_job(config).init_state().params)
 
 
 def jax_dropout_rng(seed: int):
@@ -183,19 +281,19 @@ def _progress(side: str, step: int, loss: float, start: float, every: int = 50) 
 
 
 def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> Run:
-  """bert_jax's real jitted train step and optimizer over `batches`, from `params`."""
+  """bert_jax's real jitted train step and optimizer (the pre-training job's) over `batches`,
+  from `params`."""
   import jax
-  from bert_jax.runtime import optim
   from bert_jax.runtime.state import TrainState
   from bert_jax.tasks.jobs import pretraining
-  model = pretraining.build_model(config)
-  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
-  step = jax.jit(functools.partial(
-      pretraining.train_step, model=model, tx=tx, objective=config.objective, schedule=schedule,
-      grad_accum_steps=1))
-  state = TrainState.create(jax.tree_util.tree_map(jax.numpy.asarray, params), tx)
+  job = pretraining.make_job(config)
+  if config.grad_accum_steps != 1:
+    raise ValueError("the PyTorch side takes one update per batch: grad_accum_steps=1")
+  step = jax.jit(job.train_step)
+  state = TrainState.create(jax.tree_util.tree_map(jax.numpy.asarray, params), job.tx)
   rng = jax_dropout_rng(dropout_seed)
-  history = {name: [] for name in CURVES + ("learning_rate", "skipped")}
+  curves = curves_of(config)
+  history = {name: [] for name in curves + ("learning_rate", "skipped")}
   start = time.perf_counter()
   for batch in batches:
     state, metrics = step(state, batch, rng)
@@ -206,7 +304,7 @@ def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> 
   seconds = time.perf_counter() - start
   if any(history["skipped"]):
     raise RuntimeError(f"bert_jax skipped non-finite steps: {np.nonzero(history['skipped'])[0]}")
-  return Run({name: np.array(history[name]) for name in CURVES},
+  return Run({name: np.array(history[name]) for name in curves},
              np.array(history["learning_rate"], np.float32), seconds,
              jax.device_get(state.params))
 
@@ -214,11 +312,16 @@ def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> 
 # ----------------------------------------------------------------------------------- PyTorch
 
 
-def load_torch_model(directory: str, train: bool):
-  """`BertForPreTraining.from_pretrained` (offline, eager attention), in train or eval mode."""
+def _quiet_transformers():
   import transformers
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
+  return transformers
+
+
+def load_torch_model(directory: str, train: bool):
+  """`BertForPreTraining.from_pretrained` (offline, eager attention), in train or eval mode."""
+  transformers = _quiet_transformers()
   model = transformers.BertForPreTraining.from_pretrained(directory, attn_implementation="eager")
   if model.cls.predictions.decoder.weight is not model.bert.embeddings.word_embeddings.weight:
     raise RuntimeError("the MLM decoder is not tied to the word embeddings")
@@ -244,6 +347,16 @@ def torch_losses(model, batch: Batch):
   return mlm + nsp, mlm, nsp
 
 
+def clip_by_global_norm(grads: list, clip: float):
+  """(grads, |g|): optax.clip_by_global_norm as bert_jax's chain applies it, g / |g| * clip
+  when |g| >= clip (torch's clip_grad_norm_ divides by |g| + 1e-6 instead); clip 0: none."""
+  import torch
+  norm = torch.sqrt(sum(torch.sum(g * g) for g in grads))
+  if clip and norm >= clip:
+    grads = [g / norm * clip for g in grads]
+  return grads, norm
+
+
 class OriginalAdamW:
   """BERT's AdamWeightDecayOptimizer after tf.clip_by_global_norm, as bert_jax's chain orders it.
 
@@ -254,6 +367,10 @@ class OriginalAdamW:
   """
 
   def __init__(self, model, opt_config):
+    if (opt_config.name != "adamw" or opt_config.bias_correction
+        or opt_config.fully_decoupled_weight_decay):
+      raise ValueError("the PyTorch side of BERT writes out the original AdamW (no bias "
+                       "correction) only")
     self.opt = opt_config
     self.named = list(model.named_parameters())       # the tied decoder weight appears once
     self.decay = [not (name.endswith("bias") or "LayerNorm" in name) for name, _ in self.named]
@@ -264,13 +381,9 @@ class OriginalAdamW:
     """Applies one update from the current .grad fields; returns the global gradient norm."""
     import torch
     o = self.opt
-    grads = [p.grad for _, p in self.named]
     with torch.no_grad():
-      norm = torch.sqrt(sum(torch.sum(g * g) for g in grads))
-      clip = o.clip_grad_norm
+      grads, norm = clip_by_global_norm([p.grad for _, p in self.named], o.clip_grad_norm)
       for (_, p), g, m, v, decay in zip(self.named, grads, self.m, self.v, self.decay):
-        if clip and norm >= clip:
-          g = g / norm * clip
         m.mul_(o.b1).add_(g, alpha=1 - o.b1)
         v.mul_(o.b2).add_(g * g, alpha=1 - o.b2)
         update = m / (torch.sqrt(v) + o.eps)
@@ -281,27 +394,132 @@ class OriginalAdamW:
     return float(norm)
 
 
+def load_modern_torch_model(directory: str, train: bool):
+  """`ModernBertForMaskedLM.from_pretrained` (offline, eager attention, sparse_prediction), in
+  train or eval mode (its token embedding's padding_idx as transformers sets it: module
+  docstring, [PAD])."""
+  transformers = _quiet_transformers()
+  model = transformers.ModernBertForMaskedLM.from_pretrained(
+      directory, attn_implementation="eager", sparse_prediction=True)
+  embedding = model.model.embeddings.tok_embeddings
+  if model.decoder.weight is not embedding.weight:
+    raise RuntimeError("the MLM decoder is not tied to the token embeddings")
+  if embedding.padding_idx != model.config.pad_token_id:
+    raise RuntimeError("transformers' token embedding has no padding_idx at [PAD]")
+  return model.train(train)
+
+
+def mlm_labels(batch: Batch) -> np.ndarray:
+  """[B, S] labels for transformers' masked-LM loss: masked_lm_ids at the masked_lm_positions of
+  weight 1, -100 (ignored) everywhere else."""
+  positions, ids = batch["masked_lm_positions"], batch["masked_lm_ids"]
+  weights = np.asarray(batch["masked_lm_weights"])
+  if not np.all((weights == 0) | (weights == 1)):
+    raise ValueError("labels carry no weights: masked_lm_weights must be 0 or 1")
+  labels = np.full(np.shape(batch["input_ids"]), -100, np.int64)
+  rows, slots = np.nonzero(weights)
+  labels[rows, positions[rows, slots]] = ids[rows, slots]
+  if np.sum(labels != -100) != len(rows):
+    raise ValueError("a position is masked twice in one row")
+  return labels
+
+
+def modern_torch_losses(model, batch: Batch):
+  """(total, mlm): transformers' own masked-LM loss (the mean over the labelled positions) times
+  n / (n + 1e-5), bert_jax's sum(w * nll) / (sum(w) + 1e-5)."""
+  import torch
+  labels = mlm_labels(batch)
+  tensor = lambda name: torch.from_numpy(np.asarray(batch[name]).astype(np.int64))
+  out = model(input_ids=tensor("input_ids"), attention_mask=tensor("input_mask"),
+              labels=torch.from_numpy(labels))
+  count = float(np.sum(labels != -100))
+  mlm = out.loss * (count / (count + 1e-5))
+  return mlm, mlm
+
+
+def pad_inputs(config, batches: Sequence[Batch]) -> int:
+  """How many real (input_mask 1) positions of `batches` hold [PAD] (the model's pad_token_id)."""
+  from bert_jax.tasks.jobs import pretraining
+  pad = pretraining.bert_config_from(config).pad_token_id
+  return int(sum(np.sum((b["input_ids"] == pad) & (b["input_mask"] == 1)) for b in batches))
+
+
+class TorchAdamW:
+  """torch.optim.AdamW (bias-corrected) after bert_jax's clipping (`clip_by_global_norm`),
+  with weight decay in param groups by transformers' own rule (`Trainer.
+  get_decay_parameter_names`: not on biases and norms, as bert_jax's `decay_mask`); the learning
+  rate of each step is set, the very float32 value bert_jax's step applied. `decay_names`
+  (model -> names) replaces that rule (the tests' changed recipes)."""
+
+  def __init__(self, model, opt_config, decay_names: Optional[Callable] = None):
+    import torch
+    transformers = _quiet_transformers()
+    if (opt_config.name != "adamw" or not opt_config.bias_correction
+        or opt_config.fully_decoupled_weight_decay):
+      raise ValueError("the PyTorch side of ModernBERT is torch.optim.AdamW: config.optimizer "
+                       "name='adamw', bias_correction=True, fully_decoupled_weight_decay=False")
+    self.opt = opt_config
+    if decay_names is None:   # an unbound method that reads nothing of its Trainer
+      decay_names = functools.partial(transformers.Trainer.get_decay_parameter_names, None)
+    decayed = set(decay_names(model))
+    self.named = list(model.named_parameters())       # the tied decoder weight appears once
+    groups = [dict(params=[p for name, p in self.named if name in decayed],
+                   weight_decay=opt_config.weight_decay),
+              dict(params=[p for name, p in self.named if name not in decayed],
+                   weight_decay=0.0)]
+    self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=(opt_config.b1, opt_config.b2),
+                                       eps=opt_config.eps)
+
+  def step(self, lr: float) -> float:
+    """Applies one update from the current .grad fields; returns the global gradient norm."""
+    import torch
+    with torch.no_grad():
+      grads, norm = clip_by_global_norm([p.grad for _, p in self.named],
+                                        self.opt.clip_grad_norm)
+      for (_, p), g in zip(self.named, grads):
+        p.grad = g
+    for group in self.optimizer.param_groups:
+      group["lr"] = lr
+    self.optimizer.step()
+    self.optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+class TorchSide(NamedTuple):
+  """One family's PyTorch side: the transformers model, bert_jax's losses on it (in
+  `losses_of` order), the optimizer (`step(lr)` -> gradient norm before clipping)."""
+  load: Callable
+  losses: Callable
+  optimizer: Callable
+
+
+TORCH_SIDES = {"bert": TorchSide(load_torch_model, torch_losses, OriginalAdamW),
+               "modernbert": TorchSide(load_modern_torch_model, modern_torch_losses,
+                                       TorchAdamW)}
+
+
 def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
               dropout_seed: Optional[int] = None, threads: int = 1) -> Run:
-  """transformers' BertForPreTraining from `directory`, bert_jax's loss and optimizer by hand.
+  """transformers' model of the family (BertForPreTraining, ModernBertForMaskedLM) from
+  `directory`, with bert_jax's loss and optimizer (`TORCH_SIDES`).
 
   dropout_seed None: eval mode (no dropout). Otherwise train mode with torch.manual_seed(seed).
   """
   import torch
-  if config.optimizer.name != "adamw" or config.optimizer.bias_correction:
-    raise ValueError("the PyTorch side writes out the original AdamW (no bias correction) only")
   torch.set_num_threads(threads)
   if dropout_seed is not None:
     torch.manual_seed(dropout_seed)
-  model = load_torch_model(directory, train=dropout_seed is not None)
-  optimizer = OriginalAdamW(model, config.optimizer)
-  history = {name: [] for name in CURVES}
+  side = TORCH_SIDES[family_of(config)]
+  model = side.load(directory, train=dropout_seed is not None)
+  optimizer = side.optimizer(model, config.optimizer)
+  losses = losses_of(config)
+  history = {name: [] for name in losses + ("grad_norm",)}
   start = time.perf_counter()
   for batch, lr in zip(batches, lrs):
-    values = torch_losses(model, batch)
+    values = side.losses(model, batch)
     values[0].backward()
     history["grad_norm"].append(optimizer.step(float(lr)))
-    for name, value in zip(LOSSES, values):
+    for name, value in zip(losses, values):
       history[name].append(float(value.detach()))
     _progress("torch", len(history["loss"]), history["loss"][-1], start)
   seconds = time.perf_counter() - start
@@ -314,7 +532,7 @@ def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
 def loss_diffs(a: Run, b: Run) -> Dict[str, Dict[str, float]]:
   """Per curve: max |a - b| and max |a - b| / |b| over the steps, and the step of the latter."""
   result = {}
-  for name in CURVES:
+  for name in a.losses:
     diff = np.abs(a.losses[name] - b.losses[name])
     rel = diff / np.maximum(np.abs(b.losses[name]), 1e-12)
     result[name] = dict(max_abs=float(diff.max()), max_rel=float(rel.max()),
@@ -369,7 +587,8 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   if not np.allclose(ours.learning_rates, lrs, rtol=1e-6, atol=0):
     raise AssertionError("bert_jax's step applied other rates than schedule(step)")
   theirs = run_torch(config, init_dir, batches, lrs, dropout_seed=None, threads=threads)
-  result = dict(steps=len(batches), losses=loss_diffs(ours, theirs),
+  result = dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
+                losses=loss_diffs(ours, theirs),
                 params=param_diffs(exported(config, ours.final,
                                             os.path.join(workdir, "hf_final_bert_jax")),
                                    theirs.final, initial),
@@ -446,7 +665,8 @@ def dropout_study(config, batches: Sequence[Batch], workdir: str, seeds: int,
 
 
 def plot(series: Sequence[tuple], path: str, title: str,
-         reference: Optional[Sequence[float]] = None, reference_label: str = "") -> str:
+         reference: Optional[Sequence[float]] = None, reference_label: str = "",
+         ylabel: str = "loss (MLM + NSP)") -> str:
   """Loss curves [(label, color, values)] to PNG with matplotlib, else to a dependency-free SVG.
 
   With `reference` (one value per step) a second panel shows each curve minus it: the curves
@@ -466,7 +686,7 @@ def plot(series: Sequence[tuple], path: str, title: str,
     if reference is not None:
       axes[1, 0].plot(steps, np.asarray(values) - np.asarray(reference), color=color,
                       linewidth=0.6)
-  axes[0, 0].set(ylabel="loss (MLM + NSP)", title=title)
+  axes[0, 0].set(ylabel=ylabel, title=title)
   if reference is not None:
     axes[1, 0].set(ylabel=f"minus {reference_label}")
   axes[-1, 0].set(xlabel="step")
@@ -506,10 +726,24 @@ def _svg_plot(series: Sequence[tuple], path: str, title: str) -> str:
   return path
 
 
+def model_line(args, config) -> str:
+  m, o = config.model, config.optimizer
+  if family_of(config) == "bert":
+    return (f"BERT-{args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
+            f"A={m.num_attention_heads}, vocab {m.vocab_size})")
+  global_layers = [i for i in range(m.num_hidden_layers) if i % m.global_attn_every_n_layers == 0]
+  return (f"ModernBERT {args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
+          f"A={m.num_attention_heads}, GLU {m.intermediate_size}, layers "
+          f"{', '.join(map(str, global_layers))} global, the others in a "
+          f"{m.local_attention}-token window, rotary bases {m.global_rope_theta:g} / "
+          f"{m.local_rope_theta:g}, vocab {m.vocab_size}; AdamW with bias correction, betas "
+          f"{o.b1:g}/{o.b2:g}, eps {o.eps:g}, weight decay {o.weight_decay:g} off biases and "
+          f"norms)")
+
+
 def markdown(args, config, result) -> str:
   p = result["parity"]
-  lines = [f"BERT-{args.size} (L={config.model.num_hidden_layers}, H={config.model.hidden_size}, "
-           f"A={config.model.num_attention_heads}, vocab {config.model.vocab_size}), batch "
+  lines = [f"{model_line(args, config)}, batch "
            f"{args.batch} x seq {args.seq}, {config.max_predictions_per_seq} predictions, "
            f"lr {args.lr:g} (warm-up {args.warmup}, linear decay to 0 at step {args.steps}), "
            f"float32, kernels={config.model.kernels}. {result['machine']}.", "",
@@ -517,7 +751,7 @@ def markdown(args, config, result) -> str:
            f"s, PyTorch {p['seconds']['torch']:.0f} s):", "",
            "| per step | max abs diff | max rel diff (step) | diff at last step |",
            "|---|---|---|---|"]
-  for name in CURVES:
+  for name in curves_of(config):
     d = p["losses"][name]
     lines.append(f"| {name} | {d['max_abs']:.2e} | {d['max_rel']:.2e} ({d['worst_step'] + 1}) | "
                  f"{d['final_abs']:.2e} |")
@@ -525,9 +759,12 @@ def markdown(args, config, result) -> str:
   lines += ["", f"Final parameters ({q['tensors']} tensors): max abs diff {q['max_abs']:.2e} "
             f"(`{q['max_abs_name']}`), max per-tensor rel diff {q['max_rel']:.2e} "
             f"(`{q['max_rel_name']}`), max diff / training's change of the tensor "
-            f"{q['max_rel_to_change']:.2e} (`{q['max_rel_to_change_name']}`); the attention key "
-            f"biases (zero gradient in exact arithmetic, moved by rounding noise only) differ by "
-            f"at most {q['zero_gradient_max_abs']:.1e}."]
+            f"{q['max_rel_to_change']:.2e} (`{q['max_rel_to_change_name']}`)" +
+            (f"; the attention key biases (zero gradient in exact arithmetic, moved by rounding "
+             f"noise only) differ by at most {q['zero_gradient_max_abs']:.1e}."
+             if family_of(config) == "bert" else
+             f". [PAD] as an input at a real position (masking's random replacement): "
+             f"{p['pad_inputs']} times (no lookup gradient into its row on either side).")]
   lines.append(f"Asserted: per-step loss rel <= {args.loss_rtol:g}, parameters abs <= "
                f"{args.param_atol:g}: **{'pass' if result['pass'] else 'FAIL'}**.")
   d = result.get("dropout")
@@ -555,7 +792,11 @@ def markdown(args, config, result) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--size", default="mini")
+  parser.add_argument("--family", default="bert", choices=FAMILIES,
+                      help="bert: BertForPreTraining, experiments/pretrain_demo.py; modernbert: "
+                           "ModernBertForMaskedLM, experiments/pretrain_modernbert.py")
+  parser.add_argument("--size", default="mini",
+                      help="BertConfig.named (bert) or MODERN_SHAPES (modernbert)")
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--seq", type=int, default=128)
@@ -563,6 +804,8 @@ def main():
   parser.add_argument("--warmup", type=int, default=30)
   parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
   parser.add_argument("--kernels", default="auto", help="config.model.kernels of bert_jax")
+  parser.add_argument("--local_attention", type=int, default=32,
+                      help="modernbert: the local layers' window, in tokens (total width)")
   parser.add_argument("--dropout_seeds", type=int, default=3, help="0: parity run only")
   parser.add_argument("--window", type=int, default=50, help="steps averaged (dropout study)")
   parser.add_argument("--loss_rtol", type=float, default=1e-4)
@@ -570,11 +813,21 @@ def main():
   # One: on the shared 2-core machine, two spinning OpenMP threads made BERT-mini steps 2-3x
   # slower than one (14-16 vs 5-7 s per step at a load average of 10).
   parser.add_argument("--threads", type=int, default=1, help="PyTorch threads")
-  parser.add_argument("--out", default="/tmp/pretrain_side_by_side")
+  # Not shared between families: the data in OUT/data differ (sentence pairs, contiguous rows).
+  parser.add_argument("--out", default=None, help="default /tmp/pretrain_side_by_side (bert), "
+                                                  "/tmp/modern_side_by_side (modernbert)")
   args = parser.parse_args()
+  if args.out is None:
+    args.out = ("/tmp/pretrain_side_by_side" if args.family == "bert"
+                else "/tmp/modern_side_by_side")
   os.makedirs(args.out, exist_ok=True)
-  config = demo_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
-                       seed=args.seed, kernels=args.kernels)
+  if args.family == "bert":
+    config = demo_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
+                         seed=args.seed, kernels=args.kernels)
+  else:
+    config = modern_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
+                           seed=args.seed, kernels=args.kernels,
+                           local_attention=args.local_attention)
   prepare_data(config, args.out)
   batches = take_batches(config, args.steps)
   print(f"{len(batches)} batches of {args.batch} x {args.seq}; vocab {config.model.vocab_size}",
@@ -582,25 +835,46 @@ def main():
   result = dict(args=vars(args), machine=bench_util.machine_line())
   result["parity"] = parity(config, batches, args.out, args.threads)
   p = result["parity"]
-  result["pass"] = bool(max(p["losses"][n]["max_rel"] for n in LOSSES) <= args.loss_rtol and
-                        p["params"]["max_abs"] <= args.param_atol)
+  result["pass"] = bool(max(p["losses"][n]["max_rel"] for n in losses_of(config)) <=
+                        args.loss_rtol and p["params"]["max_abs"] <= args.param_atol)
   write_results(args, config, result)        # the parity results survive a failed dropout study
   if args.dropout_seeds:
     result["dropout"] = dropout_study(config, batches, args.out, args.dropout_seeds,
                                       args.threads, args.window)
   print(write_results(args, config, result))
-  print("plots: " + ", ".join(write_plots(result, args.out)))
+  print("plots: " + ", ".join(write_plots(result, args.out, loss_label(config))))
+  print(json.dumps(summary(config, result)))
   if not result["pass"]:
     sys.exit(1)
 
 
-def write_plots(result, out: str) -> List[str]:
+def summary(config, result) -> Dict[str, object]:
+  """One line of the headline numbers (the full record: OUT/pretrain_side_by_side.json)."""
+  p, q = result["parity"], result["parity"]["params"]
+  line = dict(family=family_of(config), steps=p["steps"], **{
+      f"{name}_max_{kind}": p["losses"][name][f"max_{kind}"]
+      for name in curves_of(config) for kind in ("abs", "rel")})
+  line.update(final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")})
+  line.update(param_tensors=q["tensors"], param_max_abs=q["max_abs"],
+              param_max_abs_name=q["max_abs_name"], param_max_rel=q["max_rel"],
+              param_max_rel_name=q["max_rel_name"], param_max_rel_to_change=q["max_rel_to_change"],
+              pad_inputs=p["pad_inputs"], seconds=p["seconds"])
+  line["pass"] = result["pass"]
+  return line
+
+
+def loss_label(config) -> str:
+  return "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"
+
+
+def write_plots(result, out: str, ylabel: str = "loss (MLM + NSP)") -> List[str]:
   """OUT/parity_loss and, after a dropout study, OUT/dropout_loss (.png, or .svg)."""
   curves = result["parity"]["curves"]
   paths = [plot([("bert_jax", "tab:blue", curves["bert_jax"]["loss"]),
                  ("transformers", "tab:orange", curves["torch"]["loss"])],
                 os.path.join(out, "parity_loss.png"), "Dropout off: per-step loss",
-                reference=curves["torch"]["loss"], reference_label="transformers")]
+                reference=curves["torch"]["loss"], reference_label="transformers",
+                ylabel=ylabel)]
   if "dropout" in result:
     runs = result["dropout"]["curves"]
     paths.append(plot([("bert_jax", "tab:blue", c) for c in runs["bert_jax"]] +
@@ -608,7 +882,7 @@ def write_plots(result, out: str) -> List[str]:
                       os.path.join(out, "dropout_loss.png"),
                       f"Dropout 0.1: per-step loss, {len(runs['torch'])} seeds per side",
                       reference=np.mean(runs["bert_jax"] + runs["torch"], axis=0),
-                      reference_label="mean of all runs"))
+                      reference_label="mean of all runs", ylabel=ylabel))
   return paths
 
 

@@ -54,7 +54,8 @@ def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
     truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
   else:
     tokens_a = tokens_a[:max_seq_length - 2]
-  tokens, segments = join_pair(tokens_a, tokens_b, "[CLS]", "[SEP]")
+  cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])  # [CLS], <s>
+  tokens, segments = join_pair(tokens_a, tokens_b, cls, sep)
   ids = tokenizer.convert_tokens_to_ids(tokens)
   return tokens, ids, segments
 
@@ -152,9 +153,11 @@ def define_flags():
   flags.DEFINE_string("input_file", None, "Text, one example per line; pairs as 'a ||| b'.")
   flags.DEFINE_string("output_file", None, "Where the JSON lines go.")
   flags.DEFINE_string("init_checkpoint", None, "Any checkpoint load_pretrained accepts.")
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: vocab.txt beside the "
-                      "checkpoint).")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: the vocab.txt, spm.model "
+                      "or tokenizer.json beside the checkpoint).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model instead of --vocab_file.")
+  flags.DEFINE_string("tokenizer_file", None, "Hugging Face tokenizer.json instead of "
+                      "--vocab_file (its own normalizer decides the casing).")
   flags.DEFINE_string("layers", "-1,-2,-3,-4", "Layer indices to output.")
   flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated.")
   flags.DEFINE_bool("do_lower_case", True, "Lower-case (uncased models).")
@@ -169,13 +172,13 @@ def define_flags():
 def main(argv):
   del argv
   from bert_jax.text import tokenization
-  vocab_file = FLAGS.vocab_file
-  if not vocab_file and not FLAGS.spm_model_file:
-    base = (FLAGS.init_checkpoint if filesystem.isdir(FLAGS.init_checkpoint)
-            else filesystem.dirname(FLAGS.init_checkpoint))
-    vocab_file = filesystem.join(base, "vocab.txt")
+  files = (FLAGS.vocab_file, FLAGS.spm_model_file, FLAGS.tokenizer_file)
+  if not any(files):   # the vocab.txt, spm.model or tokenizer.json beside the checkpoint
+    files = checkpoints.find_vocab(FLAGS.init_checkpoint)
+  vocab_file, spm_model_file, tokenizer_file = files
   tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file or None,
-                                            spm_model_file=FLAGS.spm_model_file,
+                                            spm_model_file=spm_model_file or None,
+                                            tokenizer_file=tokenizer_file or None,
                                             do_lower_case=FLAGS.do_lower_case)
   layers = [int(x) for x in FLAGS.layers.split(",") if x.strip()]
   count = extract(FLAGS.input_file, FLAGS.output_file, FLAGS.init_checkpoint, tokenizer, layers,

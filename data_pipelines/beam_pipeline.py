@@ -338,10 +338,11 @@ def _check_reachable(runner: str, paths: Sequence[str]) -> None:
 
 
 def _shipped_tokenizer(tokenizer, work_dir: str) -> dict:
-  """The tokenizer's arguments for the workers, with a local vocabulary / SentencePiece model
-  copied into the work directory when that is a URL (so a local vocab.txt works on Dataflow)."""
+  """The tokenizer's arguments for the workers, with a local vocabulary / SentencePiece model /
+  tokenizer.json copied into the work directory when that is a URL (so a local vocab.txt works on
+  Dataflow)."""
   kwargs = cpd.tokenizer_kwargs(tokenizer)
-  for key in ("vocab_file", "spm_model_file"):
+  for key in ("vocab_file", "spm_model_file", "tokenizer_file"):
     if kwargs.get(key) and filesystem.is_url(work_dir) and not filesystem.is_url(kwargs[key]):
       shipped = filesystem.join(work_dir, filesystem.basename(kwargs[key]))
       filesystem.copy(kwargs[key], shipped)

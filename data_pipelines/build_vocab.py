@@ -11,6 +11,13 @@ SentencePiece, written as `<prefix>.model` and `<prefix>.vocab` for `SentencePie
   python -m data_pipelines.build_vocab --model_type=sentencepiece --spm_model_type=unigram \
     --input_files=korean.txt --output_dir=/tmp/spm --vocab_size=8000 --nodo_lower_case
 
+Byte-level BPE, written as a Hugging Face `tokenizer.json` (what ModernBERT ships) for
+`HuggingFaceTokenizer`; `--wordpiece_tokenizer_json` also writes a WordPiece vocab.txt as one:
+
+  python -m data_pipelines.build_vocab --model_type=bpe \
+    --input_files='../shared/data/text/gutenberg/*.txt' --output_dir=/tmp/bpe \
+    --vocab_size=8000 --nodo_lower_case
+
 Input: text files (comma list and/or globs), read line by line (never all in memory).
 
 WordPiece layout (the released BERT one with num_unused=99): [PAD]=0, [unused0..N-1]=1..N,
@@ -31,6 +38,15 @@ TF Text's `bert_vocab_from_dataset` learns top-down; hence our own implementatio
 SentencePiece models reserve BERT's special tokens at fixed ids: [PAD]=0, [UNK]=1, [CLS]=2,
 [SEP]=3, [MASK]=4, then [unused0..N-1] (`bert_jax.text.tokenization.SPM_SPECIAL_IDS`). With
 --do_lower_case the model itself case-folds (SentencePiece rule `nmt_nfkc_cf`).
+
+BPE tokenizer.json (`train_bpe`): ModernBERT's form, trained by Hugging Face's `BpeTrainer`:
+NFC normalisation (plus lower-casing with --do_lower_case: the file's normalizer does it, so
+every reader lower-cases alike), GPT-2's byte-level pre-tokenizer without a prefix space (a
+word after a space is 'Ġword'; no byte is ever unknown), the 256 byte characters always in the
+vocabulary, byte-level decoder, and the `[CLS] A [SEP] (B [SEP])` post-processor. Special tokens
+at the SentencePiece layout's ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 (ModernBERT
+has them at the end; `HuggingFaceTokenizer` finds them by name wherever they are), then
+[unused0..N-1], then the merges.
 """
 import collections
 import heapq
@@ -49,15 +65,21 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   flags.DEFINE_string("input_files", None, "Text files: comma-separated paths and/or globs.")
-  flags.DEFINE_string("output_dir", None, "Directory for vocab.txt or <spm_model_prefix>.model.")
+  flags.DEFINE_string("output_dir", None, "Directory for vocab.txt, <spm_model_prefix>.model "
+                      "or tokenizer.json.")
   flags.DEFINE_string("output_file", None, "WordPiece: the vocab.txt path. SentencePiece: the "
-                      "model prefix (writes PREFIX.model and PREFIX.vocab).")
-  flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece"], "Vocabulary kind.")
+                      "model prefix (writes PREFIX.model and PREFIX.vocab). BPE: the "
+                      "tokenizer.json path.")
+  flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece", "bpe"],
+                    "Vocabulary kind (bpe: a byte-level BPE tokenizer.json, as ModernBERT's).")
+  flags.DEFINE_bool("wordpiece_tokenizer_json", False, "WordPiece: also write tokenizer.json "
+                    "beside vocab.txt (the same vocabulary in Hugging Face's BERT form).")
   flags.DEFINE_enum("spm_model_type", "unigram", ["unigram", "bpe"], "SentencePiece algorithm.")
   flags.DEFINE_string("spm_model_prefix", "spm", "Model file name under --output_dir.")
   flags.DEFINE_integer("vocab_size", 30522, "Target vocabulary size, special tokens included.")
   flags.DEFINE_bool("do_lower_case", True, "Lower-case (and, for WordPiece, strip accents).")
-  flags.DEFINE_integer("min_frequency", 2, "WordPiece: a pair must occur this often to merge.")
+  flags.DEFINE_integer("min_frequency", 2, "WordPiece, BPE: a pair must occur this often to "
+                       "merge.")
   flags.DEFINE_enum("wordpiece_criterion", "likelihood", ["likelihood", "ratio"],
                     "WordPiece merge score: the exact unigram log-likelihood gain, or the "
                     "count(ab)/(count(a)*count(b)) shorthand (see learn_wordpiece).")
@@ -350,6 +372,81 @@ def _train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_si
 
 
 # ----------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json: byte-level BPE (ModernBERT's form) and WordPiece
+
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def _bert_post_processor(cls_id: int, sep_id: int):
+  """`[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]` (B in segment 1), as bert_jax.text.pairs."""
+  from tokenizers import processors
+  return processors.TemplateProcessing(
+      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+      special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+
+
+def _write_tokenizer(tokenizer, output_file: str) -> None:
+  filesystem.makedirs(filesystem.dirname(filesystem.absolute(output_file)))
+  filesystem.write_text(output_file, tokenizer.to_str(pretty=True))  # atomic, any filesystem
+
+
+def train_bpe(input_files: Sequence[str], output_file: str, vocab_size: int = 50368,
+              do_lower_case: bool = False, min_frequency: int = 2, num_unused: int = 0) -> str:
+  """Trains a byte-level BPE tokenizer.json (see the module docstring); returns its path."""
+  from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                          trainers)
+  _require_text(input_files)
+  # [MASK] takes the space before it, as ModernBERT's and RoBERTa's do ("a [MASK]" is 'a', [MASK]).
+  specials = [tokenization.PAD, tokenization.UNK, tokenization.CLS, tokenization.SEP,
+              AddedToken(tokenization.MASK, lstrip=True, special=True)] + [
+                  f"[unused{i}]" for i in range(num_unused)]
+  # No unk_token: every byte has a character of its own, so nothing is ever unknown.
+  tokenizer = Tokenizer(models.BPE())
+  tokenizer.normalizer = (normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
+                          if do_lower_case else normalizers.NFC())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tokenizer.decoder = decoders.ByteLevel()
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if vocab_size < len(specials) + len(alphabet):
+    raise ValueError(f"--vocab_size={vocab_size} cannot hold the {len(specials)} special entries "
+                     f"and the {len(alphabet)} byte characters; raise it to at least "
+                     f"{len(specials) + len(alphabet)}")
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=max(min_frequency, 1),
+                                special_tokens=specials, initial_alphabet=alphabet,
+                                show_progress=False)
+  tokenizer.train_from_iterator(iter_lines(input_files), trainer=trainer)
+  tokenizer.post_processor = _bert_post_processor(tokenizer.token_to_id(tokenization.CLS),
+                                                  tokenizer.token_to_id(tokenization.SEP))
+  _write_tokenizer(tokenizer, output_file)
+  logging.info("Wrote a byte-level BPE tokenizer.json of %d entries to %s",
+               tokenizer.get_vocab_size(), output_file)
+  return output_file
+
+
+def write_wordpiece_tokenizer_json(vocab_file: str, output_file: str, do_lower_case: bool = True,
+                                   max_input_chars_per_word: int = 200) -> str:
+  """A WordPiece vocab.txt as a tokenizer.json in Hugging Face's BERT form (what transformers
+  writes for BertTokenizerFast): BertNormalizer, BertPreTokenizer, WordPiece, [CLS]/[SEP].
+
+  The same ids as `FullTokenizer` on ordinary text; the Rust BertNormalizer differs from the
+  reference on some rare characters (see bert_jax/text/tokenization.py's module docstring).
+  """
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+  vocab = tokenization.load_vocab(vocab_file)
+  tokenizer = Tokenizer(models.WordPiece(dict(vocab), unk_token=tokenization.UNK,
+                                         max_input_chars_per_word=max_input_chars_per_word))
+  tokenizer.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case)
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tokenizer.decoder = decoders.WordPiece(prefix="##")
+  tokenizer.add_special_tokens([t for t in tokenization.SPECIAL_TOKENS if t in vocab])
+  tokenizer.post_processor = _bert_post_processor(vocab[tokenization.CLS],
+                                                  vocab[tokenization.SEP])
+  _write_tokenizer(tokenizer, output_file)
+  return output_file
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def main(argv):
@@ -361,6 +458,16 @@ def main(argv):
     output = FLAGS.output_file or filesystem.join(FLAGS.output_dir, "vocab.txt")
     train_wordpiece(files, output, FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.min_frequency,
                     FLAGS.num_unused, FLAGS.max_input_chars_per_word, FLAGS.wordpiece_criterion)
+    if FLAGS.wordpiece_tokenizer_json:
+      json_file = filesystem.join(filesystem.dirname(filesystem.absolute(output)),
+                                  TOKENIZER_JSON)
+      write_wordpiece_tokenizer_json(output, json_file, FLAGS.do_lower_case,
+                                     FLAGS.max_input_chars_per_word)
+      output = f"{output} and {json_file}"
+  elif FLAGS.model_type == "bpe":
+    output = FLAGS.output_file or filesystem.join(FLAGS.output_dir, TOKENIZER_JSON)
+    train_bpe(files, output, FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.min_frequency,
+              FLAGS.num_unused)
   else:
     prefix = FLAGS.output_file or filesystem.join(FLAGS.output_dir, FLAGS.spm_model_prefix)
     output = train_sentencepiece(files, prefix, FLAGS.vocab_size, FLAGS.spm_model_type,

@@ -18,6 +18,13 @@ rest or (single-sentence chunk, or probability 1/2) a span from another document
 unused sentences put back, and truncation of the longer side from a random end. Masking is the one
 implementation in `data_pipelines/masking.py`, shared with the training-time reader.
 
+`--instances=contiguous` writes instances without NSP instead (RoBERTa's FULL-SENTENCES,
+ModernBERT-class encoders; any --max_seq_length, 8,192 included): per block and pass, the
+documents in a fresh random order, each one's tokens followed by [SEP], make one token stream, cut
+into `[CLS]` + max_seq_length - 2 tokens + `[SEP]` (`contiguous_arrays`); the last row of the
+stream is zero-padded. Records: input_ids, input_mask, segment_ids (all 0), plus the masked_lm_*
+features (static) or is_word_continuation (dynamic); no next_sentence_labels.
+
 Scale (what the original could not do: it held the whole corpus and every instance in memory):
   1. The input is streamed in blocks of `--documents_per_block` documents. Each block is an
      independent unit of the original algorithm (its documents shuffled, random-next B drawn from
@@ -61,6 +68,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first
 Document = List[List[int]]  # sentences of token ids
 
 _MAX_REPORTED_BAD_LINES = 10
+# What an instance is: a sentence pair with its NSP label (the original), or a cut of the
+# documents' contiguous token stream (no NSP; RoBERTa's FULL-SENTENCES, ModernBERT).
+INSTANCES = ("pairs", "contiguous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +83,7 @@ class Options:
   masked_lm_prob: float = 0.15
   short_seq_prob: float = 0.1
   masking: str = "static"             # static (the original) | dynamic (mask while training)
+  instances: str = "pairs"            # pairs (the original, NSP) | contiguous (no NSP)
   mask_mixture: str = "80/10/10"      # MASK/SAME/RND, appendix C.2
   do_whole_word_mask: bool = False
   documents_per_block: int = 2000     # unit of work and of random-next sampling
@@ -80,7 +91,12 @@ class Options:
   max_line_bytes: int = 1_000_000     # a longer line is cut here (counted), never read whole
 
   def validate(self) -> None:
-    if self.max_seq_length < 5:
+    if self.instances not in INSTANCES:
+      raise ValueError(f"instances={self.instances!r}: expected one of {INSTANCES}")
+    if self.instances == "contiguous" and self.max_seq_length < 3:
+      raise ValueError(f"max_seq_length={self.max_seq_length}: needs room for [CLS] text [SEP] "
+                       "(at least 3)")
+    if self.instances == "pairs" and self.max_seq_length < 5:
       raise ValueError(f"max_seq_length={self.max_seq_length}: needs room for [CLS] A [SEP] B "
                        "[SEP] (at least 5)")
     if self.masking not in ("static", "dynamic"):
@@ -178,6 +194,38 @@ def instance_arrays(instances: Sequence[Instance], max_seq_length: int, cls_id: 
           F.NEXT_SENTENCE_LABELS: labels}
 
 
+def contiguous_arrays(documents: Sequence[Document], max_seq_length: int, cls_id: int,
+                      sep_id: int) -> Dict[str, np.ndarray]:
+  """Contiguous instances of `documents`, in the order given: int64 arrays [N, S], no NSP.
+
+  The stream is every document's tokens (its sentences joined) followed by one [SEP], document
+  after document. It is cut from its start into pieces of S - 2 tokens, and instance k is
+  `[CLS] piece_k [SEP]`: every row is full (S real tokens) except the last, whose shorter piece
+  is zero-padded (input_mask 0 there). A last piece holding nothing but the final document's
+  [SEP] is dropped. segment_ids are all 0 (one segment). Documents run on across rows and meet
+  inside a row, where the [SEP] between them is the only boundary (attention crosses it).
+  """
+  width = max_seq_length - 2
+  stream = np.fromiter((t for document in documents
+                        for t in [t for sentence in document for t in sentence] + [sep_id]),
+                       np.int64)
+  if width > 1 and len(stream) % width == 1:
+    stream = stream[:-1]               # the last piece would be the final [SEP] alone
+  rows = -(-len(stream) // width)
+  body = np.zeros(rows * width, np.int64)
+  body[:len(stream)] = stream
+  lengths = np.full(rows, width, np.int64)                                # tokens per piece
+  if rows:
+    lengths[-1] = len(stream) - (rows - 1) * width
+  ids = np.zeros((rows, max_seq_length), np.int64)
+  ids[:, 0] = cls_id
+  ids[:, 1:width + 1] = body.reshape(rows, width)
+  ids[np.arange(rows), lengths + 1] = sep_id
+  mask = (np.arange(max_seq_length)[None, :] < (lengths + 2)[:, None]).astype(np.int64)
+  return {F.INPUT_IDS: ids, F.INPUT_MASK: mask,
+          F.SEGMENT_IDS: np.zeros((rows, max_seq_length), np.int64)}
+
+
 def _int64_feature(values):
   import tensorflow as tf
   return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
@@ -244,8 +292,10 @@ class Stats:
         f"instances            {self.instances:,}",
         f"tokens               {self.tokens:,} "
         f"({self.tokens / max(self.instances, 1):.1f} per instance)",
-        f"NSP balance          IsNext {self.is_next:,} ({100 * self.is_next / pairs:.1f}%), "
-        f"NotNext {self.not_next:,} ({100 * self.not_next / pairs:.1f}%)",
+        (f"NSP balance          IsNext {self.is_next:,} ({100 * self.is_next / pairs:.1f}%), "
+         f"NotNext {self.not_next:,} ({100 * self.not_next / pairs:.1f}%)"
+         if self.is_next + self.not_next or not self.instances else
+         "NSP                  none (contiguous instances)"),
         f"masked tokens        {self.masked_tokens:,}" + (
             f" ({100 * self.masked_tokens / max(self.tokens, 1):.1f}% of tokens)"
             if self.masked_tokens else " (dynamic masking: masked at training time)"),
@@ -307,14 +357,24 @@ class BlockBuilder:
     if not docs:
       return
     rng.shuffle(docs)
-    for _ in range(opts.dupe_factor):
-      instances = []
-      for document_index in range(len(docs)):
-        instances.extend(instances_from_document(docs, document_index, opts.max_seq_length,
-                                                 opts.short_seq_prob, rng))
-      rng.shuffle(instances)
-      arrays = instance_arrays(instances, opts.max_seq_length, self.special.cls_id,
-                               self.special.sep_id)
+    for dupe in range(opts.dupe_factor):
+      if opts.instances == "contiguous":
+        if dupe:  # a fresh document order, hence other cut points, on every pass
+          rng.shuffle(docs)
+        instances = None
+        arrays = contiguous_arrays(docs, opts.max_seq_length, self.special.cls_id,
+                                   self.special.sep_id)
+        order = list(range(len(arrays[F.INPUT_IDS])))
+        rng.shuffle(order)
+        arrays = {name: value[order] for name, value in arrays.items()}
+      else:
+        instances = []
+        for document_index in range(len(docs)):
+          instances.extend(instances_from_document(docs, document_index, opts.max_seq_length,
+                                                   opts.short_seq_prob, rng))
+        rng.shuffle(instances)
+        arrays = instance_arrays(instances, opts.max_seq_length, self.special.cls_id,
+                                 self.special.sep_id)
       arrays = self._mask(arrays, rng)
       self._count(instances, arrays, stats)
       for record in serialize(arrays):
@@ -343,23 +403,27 @@ class BlockBuilder:
         np.float32 if name == F.MASKED_LM_WEIGHTS else np.int64)
               for name, parts in out.items()}
     merged[F.MASKED_LM_WEIGHTS] = merged[F.MASKED_LM_WEIGHTS].astype(np.float32)
-    # Key order = the original writer's feature order.
-    return {F.INPUT_IDS: merged[F.INPUT_IDS], F.INPUT_MASK: arrays[F.INPUT_MASK],
-            F.SEGMENT_IDS: arrays[F.SEGMENT_IDS],
-            F.MASKED_LM_POSITIONS: merged[F.MASKED_LM_POSITIONS],
-            F.MASKED_LM_IDS: merged[F.MASKED_LM_IDS],
-            F.MASKED_LM_WEIGHTS: merged[F.MASKED_LM_WEIGHTS],
-            F.NEXT_SENTENCE_LABELS: arrays[F.NEXT_SENTENCE_LABELS]}
+    # Key order = the original writer's feature order (contiguous instances: no NSP labels).
+    masked_arrays = {F.INPUT_IDS: merged[F.INPUT_IDS], F.INPUT_MASK: arrays[F.INPUT_MASK],
+                     F.SEGMENT_IDS: arrays[F.SEGMENT_IDS],
+                     F.MASKED_LM_POSITIONS: merged[F.MASKED_LM_POSITIONS],
+                     F.MASKED_LM_IDS: merged[F.MASKED_LM_IDS],
+                     F.MASKED_LM_WEIGHTS: merged[F.MASKED_LM_WEIGHTS]}
+    if F.NEXT_SENTENCE_LABELS in arrays:
+      masked_arrays[F.NEXT_SENTENCE_LABELS] = arrays[F.NEXT_SENTENCE_LABELS]
+    return masked_arrays
 
   @staticmethod
-  def _count(instances, arrays, stats: Stats) -> None:
-    stats.instances += len(instances)
+  def _count(instances: Optional[Sequence[Instance]], arrays, stats: Stats) -> None:
+    """Counts a pass's records; `instances` None for contiguous ones (no NSP, no truncation)."""
+    stats.instances += len(arrays[F.INPUT_IDS])
     stats.tokens += int(arrays[F.INPUT_MASK].sum())
-    not_next = sum(inst.is_random_next for inst in instances)
-    stats.not_next += not_next
-    stats.is_next += len(instances) - not_next
-    stats.truncated_instances += sum(inst.truncated_tokens > 0 for inst in instances)
-    stats.truncated_tokens += sum(inst.truncated_tokens for inst in instances)
+    if instances is not None:
+      not_next = sum(inst.is_random_next for inst in instances)
+      stats.not_next += not_next
+      stats.is_next += len(instances) - not_next
+      stats.truncated_instances += sum(inst.truncated_tokens > 0 for inst in instances)
+      stats.truncated_tokens += sum(inst.truncated_tokens for inst in instances)
     if F.MASKED_LM_WEIGHTS in arrays:
       stats.masked_tokens += int(arrays[F.MASKED_LM_WEIGHTS].sum())
 
@@ -655,6 +719,8 @@ def tokenizer_kwargs(tokenizer) -> dict:
   if getattr(tokenizer, "spm_model_file", None):
     return dict(spm_model_file=filesystem.absolute(tokenizer.spm_model_file),
                 do_lower_case=tokenizer.do_lower_case)
+  if getattr(tokenizer, "tokenizer_file", None):
+    return dict(tokenizer_file=filesystem.absolute(tokenizer.tokenizer_file))
   return dict(vocab_file=filesystem.absolute(tokenizer.vocab_file),
               do_lower_case=tokenizer.do_lower_case)
 
@@ -777,6 +843,9 @@ def define_flags():
   flags.DEFINE_string("output_file", None, "Output TFRecords: comma list, or PATH@N shards.")
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of --vocab_file).")
+  flags.DEFINE_string("tokenizer_file", None, "Hugging Face tokenizer.json, e.g. a ModernBERT "
+                      "checkpoint's byte-level BPE (instead of --vocab_file; its own normalizer "
+                      "decides the casing, --do_lower_case does not apply).")
   flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (match the vocabulary).")
   flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words rather than single pieces.")
   flags.DEFINE_integer("max_seq_length", 128, "Maximum sequence length.")
@@ -788,6 +857,11 @@ def define_flags():
   flags.DEFINE_enum("masking", "static", ["static", "dynamic"],
                     "static: masks stored in the records (the original); dynamic: unmasked "
                     "records, masked by the training pipeline on every read.")
+  flags.DEFINE_enum("instances", "pairs", ["pairs", "contiguous"],
+                    "pairs: [CLS] A [SEP] B [SEP] with next_sentence_labels (the original); "
+                    "contiguous: the documents' token stream (each document followed by [SEP]) "
+                    "cut into [CLS] + max_seq_length-2 tokens + [SEP], no NSP labels (for the "
+                    "'mlm' and 'ltr' objectives; --short_seq_prob does not apply).")
   flags.DEFINE_string("mask_mixture", "80/10/10", "MASK/SAME/RND percentages (appendix C.2).")
   flags.DEFINE_integer("num_workers", 1, "Processes creating instances.")
   flags.DEFINE_integer("documents_per_block", 2000, "Documents per unit of work; a random-next "
@@ -834,6 +908,7 @@ def main(argv):
   from bert_jax.text import tokenization
   tokenizer = tokenization.create_tokenizer(vocab_file=FLAGS.vocab_file,
                                             spm_model_file=FLAGS.spm_model_file,
+                                            tokenizer_file=FLAGS.tokenizer_file,
                                             do_lower_case=FLAGS.do_lower_case)
   build = create_pretraining_data
   builder_args = dict(num_workers=FLAGS.num_workers)
@@ -860,7 +935,7 @@ def main(argv):
       tfds_data_dir=FLAGS.tfds_data_dir, max_seq_length=FLAGS.max_seq_length,
       max_predictions_per_seq=FLAGS.max_predictions_per_seq, random_seed=FLAGS.random_seed,
       dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob,
-      short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking,
+      short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking, instances=FLAGS.instances,
       mask_mixture=FLAGS.mask_mixture, do_whole_word_mask=FLAGS.do_whole_word_mask,
       documents_per_block=FLAGS.documents_per_block, shuffle_bucket_mb=FLAGS.shuffle_bucket_mb,
       max_line_bytes=FLAGS.max_line_bytes, **builder_args)

@@ -14,6 +14,11 @@ at training time) and carry what whole-word masking needs instead of the masked_
   is_word_continuation                          int64 [max_seq_length], 1 where a piece continues
                                                 the previous piece's word (WordPiece `##x`, or a
                                                 SentencePiece piece without the word-start mark)
+
+Contiguous instances (`--instances=contiguous`, for objectives without NSP) are either kind of
+record without next_sentence_labels: `[CLS]` + max_seq_length - 2 tokens of the documents' token
+stream (each document followed by `[SEP]`) + `[SEP]`, segment_ids all 0. The readers tell them
+apart by that absence (`next_sentence_labels=False` below).
 """
 from typing import Dict
 
@@ -31,11 +36,12 @@ IS_NEXT = 0
 NOT_NEXT = 1
 
 
-def static_feature_spec(max_seq_length: int,
-                        max_predictions_per_seq: int) -> Dict[str, "tf.io.FixedLenFeature"]:
-  """Parsing spec of the original release's statically masked records."""
+def static_feature_spec(max_seq_length: int, max_predictions_per_seq: int,
+                        next_sentence_labels: bool = True) -> Dict[str, "tf.io.FixedLenFeature"]:
+  """Parsing spec of the original release's statically masked records (next_sentence_labels
+  False: contiguous instances)."""
   import tensorflow as tf  # here, not at import: the model side (packing) runs without TF
-  return {
+  spec = {
       INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       SEGMENT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -44,15 +50,23 @@ def static_feature_spec(max_seq_length: int,
       MASKED_LM_WEIGHTS: tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
       NEXT_SENTENCE_LABELS: tf.io.FixedLenFeature([1], tf.int64),
   }
+  if not next_sentence_labels:
+    del spec[NEXT_SENTENCE_LABELS]
+  return spec
 
 
-def dynamic_feature_spec(max_seq_length: int) -> Dict[str, "tf.io.FixedLenFeature"]:
-  """Parsing spec of unmasked records written for dynamic (training-time) masking."""
+def dynamic_feature_spec(max_seq_length: int,
+                         next_sentence_labels: bool = True) -> Dict[str, "tf.io.FixedLenFeature"]:
+  """Parsing spec of unmasked records written for dynamic (training-time) masking
+  (next_sentence_labels False: contiguous instances)."""
   import tensorflow as tf
-  return {
+  spec = {
       INPUT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       INPUT_MASK: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       SEGMENT_IDS: tf.io.FixedLenFeature([max_seq_length], tf.int64),
       NEXT_SENTENCE_LABELS: tf.io.FixedLenFeature([1], tf.int64),
       IS_WORD_CONTINUATION: tf.io.FixedLenFeature([max_seq_length], tf.int64),
   }
+  if not next_sentence_labels:
+    del spec[NEXT_SENTENCE_LABELS]
+  return spec

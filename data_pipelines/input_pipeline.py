@@ -5,6 +5,11 @@ dynamic masking (or pass-through of statically masked records, the original tool
 -> prefetch. Batches carry the original feature names as int32 / float32 numpy arrays; the
 per-process batch is global_batch_size / process_count.
 
+Contiguous instances (`create_pretraining_data --instances=contiguous`: no next_sentence_labels)
+are read the same way, told apart by that absence; their batches have no next_sentence_labels.
+An objective that needs them (`require_nsp_labels`) fails naming the files, and packing them is
+rejected (their rows are full already).
+
 Determinism: every shuffle is seeded and the masking seed of a batch is (seed, batch index), so
 the same seed gives the same batches, and `PipelineIterator.save/restore` (tf.data iterator
 checkpoints) resumes exactly where a run stopped. Evaluation makes one ordered pass and pads the
@@ -72,13 +77,32 @@ def record_kind(path: str) -> str:
   raise ValueError(f"{path}: no records")
 
 
+def has_nsp_labels(path: str) -> bool:
+  """Whether the first record of `path` has next_sentence_labels: False for contiguous instances
+  (`create_pretraining_data --instances=contiguous`)."""
+  for raw in tf.data.TFRecordDataset(path).take(1):
+    return F.NEXT_SENTENCE_LABELS in tf.train.Example.FromString(raw.numpy()).features.feature
+  raise ValueError(f"{path}: no records")
+
+
+def _spec(kind: str, nsp: bool, max_seq_length: int,
+          max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
+  if kind == "static":
+    return F.static_feature_spec(max_seq_length, max_predictions_per_seq, nsp)
+  return F.dynamic_feature_spec(max_seq_length, nsp)
+
+
 def feature_spec(file_patterns: Union[str, Sequence[str]], max_seq_length: int,
                  max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
-  """The parsing spec of the records in `file_patterns` (static or dynamic: the first file's)."""
+  """The parsing spec of the records in `file_patterns` (static or dynamic, pairs or contiguous
+  instances: the first file's)."""
   files = expand_patterns(file_patterns)
-  if record_kind(files[0]) == "static":
-    return F.static_feature_spec(max_seq_length, max_predictions_per_seq)
-  return F.dynamic_feature_spec(max_seq_length)
+  return _spec(record_kind(files[0]), has_nsp_labels(files[0]), max_seq_length,
+               max_predictions_per_seq)
+
+
+class MissingNspLabelsError(ValueError):
+  """An NSP objective asked of records without next_sentence_labels (contiguous instances)."""
 
 
 class RecordFormatError(ValueError):
@@ -157,16 +181,29 @@ def create_pretraining_dataset(
     special: Optional[M.SpecialTokens] = None, seed: int = 0, is_training: bool = True,
     process_index: Optional[int] = None, process_count: Optional[int] = None,
     shuffle_buffer_size: int = 10_000, num_parallel_calls=tf.data.AUTOTUNE,
-    packing: Optional[P.PackingConfig] = None) -> tf.data.Dataset:
+    packing: Optional[P.PackingConfig] = None,
+    require_nsp_labels: bool = False) -> tf.data.Dataset:
   """Batches of pre-training features for this process (see the module docstring).
 
   masking: None passes records through: statically masked records as they are, dynamic records
     unmasked (what the left-to-right objective reads). A MaskingConfig masks dynamic records.
   packing: None for one instance per row; a PackingConfig packs training rows (ignored when
     is_training is False: evaluation stays unpacked).
+  require_nsp_labels: the objective trains NSP; records without next_sentence_labels
+    (contiguous instances) are then an error naming them. Otherwise such records are read as
+    they are and their batches have no next_sentence_labels.
   """
   files = expand_patterns(file_patterns)
   kind = record_kind(files[0])
+  nsp = has_nsp_labels(files[0])
+  if require_nsp_labels and not nsp:
+    without = _files_without_nsp_labels(files)
+    shown = ", ".join(without[:3]) + (f" and {len(without) - 3} more" if len(without) > 3 else "")
+    raise MissingNspLabelsError(
+        f"The objective needs next_sentence_labels (NSP), but {shown} hold(s) contiguous "
+        "instances without them (create_pretraining_data --instances=contiguous): train them "
+        "with an objective without NSP (config.objective='mlm' or 'ltr'), or write sentence-"
+        "pair records (--instances=pairs)")
   if masking is not None and kind == "static":
     raise ValueError(f"{files[0]} holds statically masked records; read them with masking=None "
                      "(config.data.masking='static'), or write dynamic records")
@@ -176,13 +213,20 @@ def create_pretraining_dataset(
   if packing is not None and kind == "dynamic" and masking is None:
     raise ValueError("packing needs masked_lm_* features (an MLM objective): it does not apply "
                      "to unmasked records (the left-to-right objective)")
+  if packing is not None and not nsp:
+    # Packing puts several short NSP pairs in one row. Contiguous instances fill their rows
+    # (only the last row of each block's stream is shorter), so there is nothing to pack, and
+    # their documents are meant to share a row with full attention across the [SEP] between
+    # them, not the block-diagonal attention of packed pairs.
+    raise ValueError(f"packing (config.data.packing) applies to sentence-pair records: {files[0]} "
+                     "holds contiguous instances (no next_sentence_labels) that already fill "
+                     "every row to max_seq_length; set config.data.packing=False")
   process_index, process_count = _process_info(process_index, process_count)
   if global_batch_size % process_count:
     raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                      f"{process_count} processes")
   batch_size = global_batch_size // process_count
-  spec = (F.static_feature_spec(max_seq_length, max_predictions_per_seq) if kind == "static"
-          else F.dynamic_feature_spec(max_seq_length))
+  spec = _spec(kind, nsp, max_seq_length, max_predictions_per_seq)
 
   my_files, record_shard = process_files(files, process_index, process_count)
   check_first_records(my_files, spec)
@@ -225,6 +269,12 @@ def create_pretraining_dataset(
   options.experimental_optimization.map_parallelization = True
   dataset = dataset.with_options(options)
   return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _files_without_nsp_labels(files: Sequence[str]) -> list:
+  """The files whose first record has no next_sentence_labels, in order."""
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(files))) as pool:
+    return [path for path, nsp in zip(files, pool.map(has_nsp_labels, files)) if not nsp]
 
 
 def _pack_rows(windows: tf.data.Dataset, packing: P.PackingConfig, max_predictions: int,

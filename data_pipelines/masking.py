@@ -148,8 +148,11 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
     k = tf.minimum(config.max_predictions_per_seq, seq_len)
     first = tf.math.top_k(-word_keys, k=k).indices                       # [B, k]
     within = tf.cast(tf.range(k)[None, :] < budget[:, None], tf.int32)   # [B, k]
-    take = tf.reduce_max(tf.one_hot(first, seq_len, dtype=tf.int32) * within[..., None],
-                         axis=1) > 0                                     # [B, W]
+    # Scattered (top_k's indices are distinct within a row), not reduced from a [B, k, W]
+    # one-hot: that is 40 MB per row at S=8192 with P=1229, terabytes for a builder chunk.
+    rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(first))    # [B, k]
+    take = tf.scatter_nd(tf.stack([rows, first], axis=-1), within,
+                         tf.stack([batch, seq_len])) > 0                 # [B, W]
     take &= word_sizes > 0
   chosen = candidate & tf.gather(tf.pad(take, [[0, 0], [0, 1]]), word_id, batch_dims=1)
 

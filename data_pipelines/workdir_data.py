@@ -2,10 +2,12 @@
 
 Used by the demo (Python's documentation) and by continued pre-training on a user's text files
 (`config.data.text_files`). Every `holdout_every`-th document goes to the held-out split; the
-vocabulary is the run's (`config.tokenizer.vocab_file` / `spm_model_file`, e.g. a checkpoint's) or,
-if none is given, a WordPiece vocabulary of `config.model.vocab_size` learned on the training
-documents. Records use dynamic masking. A later run (a resume) finds WORKDIR/data/DONE and
-reuses the files, so the data never changes under a running experiment.
+vocabulary is the run's (`config.tokenizer.vocab_file` / `spm_model_file` / `tokenizer_file`, e.g.
+a checkpoint's) or, if none is given, a WordPiece vocabulary of `config.model.vocab_size` learned
+on the training documents. Records use dynamic masking and hold sentence pairs with NSP labels,
+or, with `config.data.instances="contiguous"`, contiguous full-length instances without them. A
+later run (a resume) finds WORKDIR/data/DONE and reuses the files, so the data never changes under
+a running experiment (asking for the other kind of instances then is an error).
 """
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
@@ -43,8 +45,19 @@ def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
   data_dir = filesystem.join(workdir, "data")
   paths = {name: filesystem.join(data_dir, name)
            for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
-  given_vocab = config.tokenizer.vocab_file or config.tokenizer.spm_model_file
-  if not filesystem.exists(filesystem.join(data_dir, DONE)):
+  given_vocab = (config.tokenizer.vocab_file or config.tokenizer.spm_model_file
+                 or config.tokenizer.tokenizer_file)
+  instances = config.data.instances
+  if instances not in create_pretraining_data.INSTANCES:
+    raise ValueError(f"config.data.instances={instances!r}: expected one of "
+                     f"{create_pretraining_data.INSTANCES}")
+  if instances == "contiguous" and config.objective == "mlm_nsp":
+    raise ValueError("config.data.instances='contiguous' writes records without NSP labels, but "
+                     "config.objective='mlm_nsp' trains NSP: use --config.objective=mlm (or ltr), "
+                     "or config.data.instances='pairs'")
+  if filesystem.exists(filesystem.join(data_dir, DONE)):
+    _check_instances(paths["train.tfrecord"], instances)
+  else:
     filesystem.makedirs(data_dir)
     print(f"Building pre-training records from {description} in {data_dir} ...", flush=True)
     train_docs, eval_docs = write_corpus(documents(), paths["train.txt"], paths["eval.txt"],
@@ -59,7 +72,7 @@ def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
           max_seq_length=config.max_seq_length,
           max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
           dupe_factor=config.data.dupe_factor if split == "train" else 1,
-          masking="dynamic", progress=False)
+          masking="dynamic", instances=instances, progress=False)
     filesystem.write_text(filesystem.join(data_dir, DONE),
                           f"{train_docs} train documents, {eval_docs} eval documents\n")
   changes: Dict[str, Any] = {
@@ -71,16 +84,29 @@ def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
     changes.update({"tokenizer.vocab_file": paths["vocab.txt"], "tokenizer.do_lower_case": True,
                     "model.vocab_size": _tokenizer(config, paths["vocab.txt"]).vocab_size})
   else:  # a copy in WORKDIR/data: fine-tuning from this workdir finds its vocabulary there
-    name = "vocab.txt" if config.tokenizer.vocab_file else "spm.model"
+    name = ("vocab.txt" if config.tokenizer.vocab_file else
+            "spm.model" if config.tokenizer.spm_model_file else "tokenizer.json")
     copy = filesystem.join(data_dir, name)
     if not filesystem.exists(copy):
       filesystem.copy(given_vocab, copy)
   return changes
 
 
+def _check_instances(records: str, instances: str) -> None:
+  """Reused records must be the kind of instances the run asks for (NSP labels or none)."""
+  from data_pipelines import input_pipeline
+  built = "pairs" if input_pipeline.has_nsp_labels(records) else "contiguous"
+  if built != instances:
+    raise ValueError(f"{records} holds {built} instances (built by an earlier run in this "
+                     f"workdir), but config.data.instances={instances!r}: use a new workdir, or "
+                     f"config.data.instances={built!r}")
+
+
 def _tokenizer(config, learned_vocab: str):
-  if config.tokenizer.vocab_file or config.tokenizer.spm_model_file:
+  if (config.tokenizer.vocab_file or config.tokenizer.spm_model_file
+      or config.tokenizer.tokenizer_file):
     return tokenization.create_tokenizer(vocab_file=config.tokenizer.vocab_file or None,
                                          spm_model_file=config.tokenizer.spm_model_file or None,
+                                         tokenizer_file=config.tokenizer.tokenizer_file or None,
                                          do_lower_case=config.tokenizer.do_lower_case)
   return tokenization.FullTokenizer(learned_vocab, do_lower_case=True)

@@ -6,7 +6,7 @@ files or in the experiment (`--config.x` of an undeclared x is an error).
 import ml_collections
 
 from bert_jax.runtime import config_names
-from bert_jax.runtime.optim import default_optimizer_config
+from bert_jax.runtime.optim import default_optimizer_config, default_schedule_config
 
 
 def parse_arg(arg, **defaults):
@@ -35,19 +35,51 @@ def get_config() -> ml_collections.ConfigDict:
   # 4 minutes on an H100 (benchmarks/RESULTS.md); its streams differ from threefry's.
   c.prng_impl = ""
 
-  # The tokenizer of every job. Pre-training: the records' vocabulary (dynamic masking reads its
-  # special-token ids); empty with data.prepare_demo_corpus or data.text_files, which learn one.
-  # Fine-tuning: empty = the vocab.txt (or spm.model) beside init_checkpoint.
+  # The tokenizer of every job: at most one of the three files. Pre-training: the records'
+  # vocabulary (dynamic masking reads its special-token ids); empty with
+  # data.prepare_demo_corpus or data.text_files, which learn one. Fine-tuning and continued
+  # pre-training: empty = the vocab.txt, else spm.model, else tokenizer.json beside
+  # init_checkpoint (checkpoints.find_vocab).
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.vocab_file = ""        # WordPiece vocab.txt
   c.tokenizer.spm_model_file = ""    # SentencePiece model instead of a WordPiece vocab
+  # A Hugging Face tokenizer.json instead (ModernBERT's byte-level BPE, or WordPiece, ...): its
+  # own normalizer decides the casing, do_lower_case does not apply to it.
+  c.tokenizer.tokenizer_file = ""
   c.tokenizer.do_lower_case = True   # uncased vocabulary (checked against the checkpoint's)
 
   c.max_seq_length = 128
   c.global_batch_size = 32           # sequences (rows) per optimizer step, all hosts together
   c.eval_batch_size = 64
-  c.learning_rate = 1e-4
-  c.optimizer = default_optimizer_config()   # AdamW as the original (no bias correction)
+  c.learning_rate = 1e-4             # the peak rate of the schedule
+  # The optimizer (bert_jax/runtime/optim.py; docs/runtime.md#optimizers-and-schedules):
+  #   name: adamw (the original's AdamW) | lamb | stable_adamw (StableAdamW: bias-corrected AdamW
+  #     whose step is divided per tensor by max(1, RMS of g / sqrt(v)); ModernBERT's optimizer)
+  #   b1, b2, eps: Adam's betas and epsilon (0.9, 0.999, 1e-6: the original's)
+  #   weight_decay: decoupled weight decay, on every parameter but norms and biases (decay_mask)
+  #   clip_grad_norm: clip the gradients to this global norm first; 0 = no clipping
+  #   bias_correction: adamw only. False = the original's Adam, without bias correction; True =
+  #     the usual Adam (what PyTorch's AdamW does). LAMB and StableAdamW always correct.
+  #   fully_decoupled_weight_decay: adamw and stable_adamw. False: a step decays the weights by
+  #     lr_t * weight_decay (PyTorch's and optax's AdamW). True: by (lr_t / learning_rate) *
+  #     weight_decay, the schedule's shape only (optimi's decouple_lr, Composer's decoupled
+  #     decay: ModernBERT's 1e-5 is such a value).
+  c.optimizer = default_optimizer_config()
+  # The learning-rate schedule over the steps (rate of step t, 0-based; every job's, fine-tuning's
+  # warm-up being warmup_proportion of its steps):
+  #   name: bert = the original: linear warm-up from 0 over warmup_steps, then a linear decay to
+  #       the final rate computed over *all* steps |
+  #     wsd = warmup-stable-decay: the same warm-up, then learning_rate constant, then a decay
+  #       over the last steps (set warmup_steps=0 and decay_fraction=1.0 for a run that is only
+  #       the decay, e.g. ModernBERT's decay phase started from a checkpoint)
+  #   decay_steps: wsd: the decay's length in steps (0: decay_fraction decides)
+  #   decay_fraction: wsd: the decay's length as a fraction of the run's steps (rounded); set
+  #     decay_steps or decay_fraction, not both; both 0 = no decay (warm-up, then constant)
+  #   decay_shape: wsd: linear | cosine | 1-sqrt (rate = final + (peak - final) * (1 - sqrt(x)),
+  #     x the fraction of the decay done); bert is linear only
+  #   final_fraction: the rate at the end of the decay, as a fraction of learning_rate (bert and
+  #     wsd; 0.0 = decay to 0, the original's)
+  c.schedule = default_schedule_config()
   c.grad_accum_steps = 1             # micro-batches per update (same update as the batch)
 
   c.parallelism = "jit"              # jit over the device mesh | pmap

@@ -63,4 +63,10 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.data.text_files = ""
   c.data.holdout_every = 20
   c.data.dupe_factor = 5             # maskings of each training document (create_pretraining_data)
+  # What the records built into WORKDIR/data (demo corpus, data.text_files) hold:
+  # "pairs": [CLS] A [SEP] B [SEP] with NSP labels (the paper); "contiguous": the documents' token
+  # stream (each document followed by [SEP]) cut into full-length [CLS] ... [SEP] rows, no NSP
+  # labels (RoBERTa/ModernBERT-style; objective 'mlm' or 'ltr'; not with data.packing). Records
+  # given in data.input_files say themselves which they are.
+  c.data.instances = "pairs"
   return c

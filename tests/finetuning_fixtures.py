@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from bert_jax.io import checkpoints
-from bert_jax.model import modeling
+from bert_jax.model import families, modeling
 from bert_jax.model.config import BertConfig
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -131,9 +131,11 @@ def tiny_bert_config(**overrides) -> BertConfig:
 
 
 def write_checkpoint(directory: str, seed: int = 0, vocab: List[str] = None, **overrides) -> str:
-  """A random tiny encoder (+ pre-training heads) via save_pretrained, and its vocab.txt."""
+  """A random tiny encoder (+ pre-training heads) via save_pretrained, and its vocab.txt
+  (`architecture="modernbert"` in `overrides`: a ModernBERT-family one)."""
   config = tiny_bert_config(**overrides)
-  params = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(seed))
+  model = families.pretraining_model(config, use_nsp=not config.is_modern)
+  params = modeling.init_params(model, jax.random.PRNGKey(seed))
   checkpoints.save_pretrained(config, params, directory)
   with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
     f.write("\n".join(vocab or VOCAB) + "\n")

@@ -126,6 +126,34 @@ def test_multi_process_direct_runner_from_the_command_line(split_corpus, single_
       result.stderr, result.stderr[-3000:]
 
 
+def test_contiguous_instances_from_the_command_line(split_corpus, tmp_path):
+  """`--instances=contiguous` (statically masked at 0.30, two passes) on the multi-process
+  DirectRunner: the single-machine builder's files and statistics, no NSP labels."""
+  vocab, files = split_corpus
+  options = dict(OPTIONS, instances="contiguous", masked_lm_prob=0.3)
+  expected_outputs = cpd.expand_output_files(f"{tmp_path}/one/train.tfrecord@3")
+  with pytest.MonkeyPatch.context() as patch:   # one bucket: what the flags give this corpus
+    patch.setattr(cpd, "_num_buckets", lambda input_bytes, options: 1)
+    expected_stats = cpd.create_pretraining_data(files, expected_outputs, _tokenizer(vocab),
+                                                 progress=False, **options)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  command = [sys.executable, "-m", "data_pipelines.create_pretraining_data",
+             f"--input_file={','.join(files)}", f"--output_file={tmp_path}/out/train.tfrecord@3",
+             f"--vocab_file={vocab}", f"--stats_file={tmp_path}/stats.json",
+             "--runner=DirectRunner"] + MULTI_PROCESS + [
+             f"--{name}={value}" for name, value in options.items()]
+  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "none (contiguous instances)" in result.stdout
+  outputs = cpd.expand_output_files(f"{tmp_path}/out/train.tfrecord@3")
+  _check_same_records(outputs, expected_outputs)
+  assert json.load(open(tmp_path / "stats.json")) == dataclasses.asdict(expected_stats)
+  assert expected_stats.is_next == expected_stats.not_next == 0
+  assert not any("next_sentence_labels" in tf.train.Example.FromString(r).features.feature
+                 for r in _records(outputs))
+
+
 def test_bad_input_through_beam(corpus, tmp_path, capsys):
   """Invalid UTF-8, an over-long line and empty documents: counted as on one machine, as Beam
   counters, and named with file and line."""

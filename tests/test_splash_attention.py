@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import modeling, ops, splash
+from bert_jax.model import families, modeling, ops, splash
 from bert_jax.model.config import BertConfig
 
 B, S, N, D = 2, 128, 2, 8      # the kernel's block is 128 positions
@@ -51,6 +51,91 @@ def test_kernel_equals_the_xla_path_with_gradients(mask_kind, causal):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+
+def test_one_kernel_shape_serves_every_trace():
+  """A train step's jit and then an evaluation step's (another trace, another batch size) ask
+  for the kernel of one shape. Its block tables were once cached as the first trace's tracers
+  (UnexpectedTracerError at a pre-training run's first evaluation)."""
+  padding, _ = _masks()
+  segments = splash.segment_ids(jnp.asarray(padding))
+  rng = np.random.RandomState(0)
+  heads = 3                                 # a shape no other test asks for: a trace asks first
+  q, k, v = (jnp.asarray(rng.randn(B, S, heads, D), jnp.float32) for _ in range(3))
+  real = padding[..., None, None]
+  train = jax.jit(jax.value_and_grad(
+      lambda q, k, v: jnp.sum(splash.splash_attention(q, k, v, segments) * real)))
+  evaluate = jax.jit(lambda q, k, v, segments: splash.splash_attention(q, k, v, segments))
+  train(q, k, v)
+  rows = np.array([0, 1, 1])                # 3 rows: a batch size the train trace never saw
+  got = evaluate(q[rows], k[rows], v[rows], segments[rows])
+  bias = modeling.attention_bias(jnp.asarray(padding[rows]), False)
+  expected = ops.xla_attention(q[rows], k[rows], v[rows], bias, lambda p: p)
+  np.testing.assert_allclose(got * real[rows], expected * real[rows], rtol=1e-5, atol=1e-6)
+
+
+# Sliding-window attention (ModernBERT's local layers: window = local_attention // 2).
+SW, WINDOW = 256, 64
+
+
+def _windowed_inputs():
+  """q, k, v [B, SW, N, D] and segment ids [B, SW]: row 0 two packed segments then padding,
+  row 1 one segment then padding."""
+  rng = np.random.RandomState(3)
+  q, k, v = (jnp.asarray(rng.randn(B, SW, N, D), jnp.float32) for _ in range(3))
+  position = np.arange(SW)
+  segments = np.stack([np.where(position < 90, 1, 2) * (position < 230),
+                       (position < 177).astype(np.int64)]).astype(np.int32)   # [B, SW]
+  return q, k, v, jnp.asarray(segments)
+
+
+def _banded_reference(q, k, v, segments, window, causal):
+  """Plain softmax attention: query i sees key j of its own segment with |i - j| <= window (and
+  j <= i if causal). Padding (segment 0) sees padding, as the kernel does (module docstring)."""
+  position = jnp.arange(q.shape[1])
+  offset = position[:, None] - position[None, :]                           # i - j  [S, S]
+  allowed = (jnp.abs(offset) <= window) & ((offset >= 0) if causal else True)
+  allowed = allowed[None] & (segments[:, :, None] == segments[:, None, :])  # [B, S, S]
+  logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
+  logits = jnp.where(allowed[:, None], logits, -1e30)
+  return jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(logits, axis=-1), v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_window_equals_banded_attention_with_gradients(causal):
+  q, k, v, segments = _windowed_inputs()
+  weights = jnp.asarray(np.random.RandomState(4).randn(B, SW, N, D), jnp.float32)
+
+  def reference(q, k, v):
+    return jnp.sum(_banded_reference(q, k, v, segments, WINDOW, causal) * weights)
+
+  def kernel(q, k, v):
+    return jnp.sum(splash.splash_attention(q, k, v, segments, causal, window=WINDOW) * weights)
+
+  expected, expected_grads = jax.value_and_grad(reference, argnums=(0, 1, 2))(q, k, v)
+  got, grads = jax.value_and_grad(kernel, argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  out = splash.splash_attention(q, k, v, segments, causal, window=WINDOW)
+  np.testing.assert_allclose(out, _banded_reference(q, k, v, segments, WINDOW, causal),
+                             rtol=1e-4, atol=1e-5)
+  for name, a, b in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+  # The window matters here: the full-segment kernel computes something else.
+  full = splash.splash_attention(q, k, v, segments, causal)
+  assert not np.allclose(out, full, atol=1e-3)
+
+
+def test_a_window_skips_the_blocks_outside_the_band():
+  """At 1,024 positions and window 64 the kernel takes 128-position blocks and visits 3 key
+  blocks per query block, not 8; the FLOPs count only the band."""
+  kernel = splash._kernel(N, 1024, False, True, 64)
+  assert kernel.kwargs["block_sizes"].block_q == 128
+  assert kernel.fwd_mask_info.block_mask.shape[-2:] == (8, 3)
+  full = splash.attention_flops(2, N, 1024, D)
+  assert splash.attention_flops(2, N, 1024, D, window=64) == full * 129 / 1024
+  assert splash.attention_flops(2, N, 128, D, window=64) == full * 128 / 1024 / 8   # min(S, .)
+  assert splash.attention_flops(2, N, 1024, D, causal=True, window=64) == full * 65 / 1024
+  assert splash.attention_flops(2, N, 1024, D, causal=True) == full / 2
+
 def _config(attention, **overrides):
   fields = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, max_position_embeddings=S, attention=attention,
@@ -59,18 +144,31 @@ def _config(attention, **overrides):
   return BertConfig(**fields)
 
 
+def _modern_config(attention):
+  """A ModernBERT-family encoder whose local layers (1 and 2) see 16 keys on each side."""
+  return BertConfig.named("modernbert-base", num_hidden_layers=4, hidden_size=32,
+                          num_attention_heads=2, intermediate_size=48, vocab_size=64,
+                          local_attention=32, pad_token_id=0, attention=attention)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
 @pytest.mark.parametrize("mask_kind", ["padding", "packed"])
-def test_a_whole_encoder_with_splash_equals_xla(mask_kind):
+def test_a_whole_encoder_with_splash_equals_xla(mask_kind, family):
   padding, masks = _masks()
   ids = np.random.RandomState(1).randint(5, 60, size=(B, S)) * padding
   weights = np.random.RandomState(2).randn(B, S, 32).astype(np.float32) * padding[..., None]
+  # Packed rows restart their rotary positions at each sequence (the second starts at 50).
+  positions = np.where(np.arange(S) < 50, np.arange(S), np.arange(S) - 50)[None].repeat(B, 0)
   results = {}
   for attention in ("xla", "splash"):
-    model = modeling.BertModel(_config(attention))
+    config = _config(attention) if family == "bert" else _modern_config(attention)
+    model = families.encoder(config)
     params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
 
     def loss(params):
-      out = model.apply({"params": params}, ids, masks[mask_kind])["sequence_output"]
+      out = model.apply({"params": params}, ids, masks[mask_kind],
+                        position_ids=positions if family == "modernbert" and
+                        mask_kind == "packed" else None)["sequence_output"]
       return jnp.sum(out * weights)   # real positions only (see bert_jax/model/splash.py)
 
     results[attention] = jax.value_and_grad(loss)(params)
@@ -114,7 +212,7 @@ _UNDER_A_MESH = """
 import json, os
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from bert_jax.model import modeling, ops, splash
+from bert_jax.model import families, modeling, ops, splash
 from bert_jax.parallel import sharding, strategies
 from tests.test_train_step import tiny_config
 mesh = sharding.create_mesh(tiny_config(model_parallelism=2))           # data 4 x model 2

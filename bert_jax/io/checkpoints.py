@@ -18,8 +18,8 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from bert_jax.io import filesystem
-from bert_jax.model import modeling
+from bert_jax.io import filesystem, modern_checkpoints
+from bert_jax.model import families, modeling
 from bert_jax.model.config import BertConfig
 
 Flat = Dict[str, np.ndarray]
@@ -37,10 +37,18 @@ class CheckpointMismatchError(ValueError):
 
 
 def read_config(path: str) -> BertConfig:
-  """A `BertConfig` from a JSON file, local or a URL (gs://...)."""
+  """A `BertConfig` from a JSON file, local or a URL (gs://...): this project's fields, or
+  transformers' ModernBERT `config.json` (model_type "modernbert")."""
   if not filesystem.exists(path):
     raise FileNotFoundError(f"BERT config file not found: {path}")
-  return BertConfig.from_json_string(filesystem.read_text(path), source=path)
+  text = filesystem.read_text(path)
+  try:
+    values = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from e
+  if isinstance(values, dict) and modern_checkpoints.is_modern_config(values):
+    return modern_checkpoints.bert_config_from_huggingface(values, path)
+  return BertConfig.from_json_string(text, source=path)
 
 
 def write_config(config: BertConfig, path: str, include_runtime: bool = False) -> None:
@@ -78,10 +86,17 @@ HEADS = ("cls/predictions", "cls/seq_relationship")
 def expected_shapes(config: BertConfig, with_heads: bool = True) -> Dict[str, Tuple[int, ...]]:
   """{flat name: shape} of BertForPreTraining in the per-layer layout (no compilation)."""
   config = config.replace(scan_layers=False, remat=False)
-  model = modeling.BertForPreTraining(config)
+  model = families.pretraining_model(config, use_nsp=not config.is_modern)
   shapes = jax.eval_shape(lambda: modeling.init_params(model, jax.random.PRNGKey(0)))
   flat = {"/".join(k): tuple(v.shape)
           for k, v in traverse_util.flatten_dict(shapes).items()}
+  if config.is_modern:
+    # The family's masked LM has no pooler; a fine-tuned encoder has its classifier's pooling
+    # head there (optional in check_and_unflatten).
+    encoder = families.encoder(config, add_pooling_layer=True)
+    pooler = jax.eval_shape(lambda: modeling.init_params(encoder, jax.random.PRNGKey(0)))
+    flat.update({"bert/" + "/".join(k): tuple(v.shape)
+                 for k, v in traverse_util.flatten_dict(pooler).items() if k[0] == "pooler"})
   if not with_heads:
     flat = {k: v for k, v in flat.items() if not k.startswith("cls/")}
   return flat
@@ -95,6 +110,8 @@ def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
   reported when absent. Names matching a regex in `optional` may be missing (e.g. a pooler).
   """
   expected = expected_shapes(config)
+  if config.is_modern:   # its pooler belongs to a classifier, never to the pre-trained encoder
+    optional = tuple(optional) + (r"bert/pooler/",)
   optional_re = [re.compile(p) for p in optional]
   unexpected = sorted(set(flat) - set(expected))
   wrong = [f"{k}: checkpoint {tuple(flat[k].shape)} vs model {expected[k]}"
@@ -152,9 +169,14 @@ def unstack_layers(params: Dict, num_layers: int) -> Dict:
 
 def to_model_layout(params: Dict, config: BertConfig) -> Dict:
   """Converts loaded (per-layer) params to the layout `config.scan_layers` asks for."""
-  if config.scan_layers:
-    return stack_layers(jax.tree_util.tree_map(np.asarray, params), config.num_hidden_layers)
-  return params
+  if not config.scan_layers:
+    return params
+  params = jax.tree_util.tree_map(np.asarray, params)
+  if config.is_modern:
+    modern_checkpoints.stack_layers(
+        params["bert"]["encoder"] if "bert" in params else params["encoder"], config)
+    return params
+  return stack_layers(params, config.num_hidden_layers)
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -217,6 +239,7 @@ def _read_pickle(path: str, allow_pickle: bool) -> Dict[str, np.ndarray]:
 
 
 def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, Dict]:
+  """BertModel / BertForPreTraining, or ModernBertModel / ModernBertForMaskedLM."""
   config = read_config(filesystem.join(directory, "config.json"))
   if filesystem.glob(filesystem.join(directory, "model*.safetensors*")):
     state = _read_safetensors(directory)
@@ -226,9 +249,11 @@ def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, D
     if not pickles:
       raise FileNotFoundError(f"{directory} has config.json but no model.safetensors")
     state = _read_pickle(pickles[0], allow_pickle)
-  # A Hugging Face BertModel may be saved without its pooler (add_pooling_layer=False).
-  params = check_and_unflatten(_hf_to_flat(state), config, directory,
-                               optional=[r"bert/pooler/"])
+  flat = (modern_checkpoints.flat_from_huggingface(state) if config.is_modern
+          else _hf_to_flat(state))
+  # A Hugging Face BertModel may be saved without its pooler (add_pooling_layer=False); a
+  # ModernBERT encoder has none (its classifier's pooling head belongs to the task).
+  params = check_and_unflatten(flat, config, directory, optional=[r"bert/pooler/"])
   return config, params
 
 
@@ -237,8 +262,11 @@ def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]
 
   With the pre-training heads the key layout is BertForPreTraining's (`bert.`, `cls.`); without
   them, BertModel's (no prefix: a task model such as BertForSequenceClassification takes these
-  under `bert.`, see `bert_jax.tasks.tools.serving`)."""
+  under `bert.`, see `bert_jax.tasks.tools.serving`). A ModernBERT config gives
+  ModernBertForMaskedLM's keys (`model.`, `head.`, `decoder.`) or ModernBertModel's."""
   flat = flatten(_per_layer(params, config))
+  if config.is_modern:
+    return modern_checkpoints.huggingface_state(flat)
   has_heads = any(k.startswith("cls/") for k in flat)
   state = {}
   for name, value in flat.items():
@@ -265,6 +293,8 @@ def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]
 
 def huggingface_config(config: BertConfig, architecture: str) -> Dict:
   """transformers' `config.json` fields of `config` for the model class `architecture`."""
+  if config.is_modern:
+    return modern_checkpoints.huggingface_config(config, architecture)
   hf_config = config.to_dict(include_runtime=False)
   if hf_config["hidden_act"] == "gelu_tanh":
     hf_config["hidden_act"] = "gelu_pytorch_tanh"  # transformers' name for the tanh form
@@ -273,16 +303,22 @@ def huggingface_config(config: BertConfig, architecture: str) -> Dict:
 
 
 def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None:
-  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads.
+  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads
+  (ModernBertForMaskedLM for a ModernBERT config).
 
-  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's.
+  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's
+  (ModernBertModel's).
   """
   filesystem.makedirs(directory)
   state = huggingface_state(config, params)
-  has_heads = any(k.startswith("cls.") for k in state)
+  has_heads = "cls" in _per_layer(params, config)
   save_safetensors(state, filesystem.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
-  hf_config = huggingface_config(config, "BertForPreTraining" if has_heads else "BertModel")
+  if config.is_modern:
+    architecture = "ModernBertForMaskedLM" if has_heads else "ModernBertModel"
+  else:
+    architecture = "BertForPreTraining" if has_heads else "BertModel"
+  hf_config = huggingface_config(config, architecture)
   filesystem.write_text(filesystem.join(directory, "config.json"),
                         json.dumps(hf_config, indent=2, sort_keys=True))
 
@@ -345,6 +381,9 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   """Writes a TF1-style checkpoint with the original variable names plus `bert_config.json`.
 
   `prefix` may be a URL: TF's saver writes gs:// natively."""
+  if config.is_modern:
+    raise ValueError("A TF1 checkpoint holds the original BERT's variables; a ModernBERT model "
+                     "exports to transformers' format (export_huggingface) or save_pretrained")
   import tensorflow as tf
   directory = filesystem.dirname(filesystem.absolute(prefix))
   filesystem.makedirs(directory)
@@ -385,7 +424,10 @@ def _per_layer(params: Dict, config: BertConfig) -> Dict:
   params = jax.tree_util.tree_map(np.asarray, params)
   encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
   if "layer" in encoder:
-    params = unstack_layers(params, config.num_hidden_layers)
+    if config.is_modern:
+      modern_checkpoints.unstack_layers(encoder)
+    else:
+      params = unstack_layers(params, config.num_hidden_layers)
   if "bert" not in params:
     params = {"bert": params}
   return params
@@ -458,26 +500,31 @@ def load_pretrained_config(path: str, *, tf_gelu_approximate: bool = True) -> Be
   return config
 
 
-# The vocabulary beside a checkpoint: WordPiece (released checkpoints, HF dirs, a pre-training
-# workdir's data/) or a SentencePiece model copied into a fine-tuned best/ directory.
+# The vocabulary beside a checkpoint, in this order: WordPiece (released checkpoints, HF BERT dirs,
+# a pre-training workdir's data/), a SentencePiece model copied into a fine-tuned best/ directory,
+# then a Hugging Face tokenizer.json (ModernBERT-class checkpoints ship only that). A BERT
+# directory with both vocab.txt and tokenizer.json keeps vocab.txt: FullTokenizer is the
+# reference tokenizer token for token.
 VOCAB_CANDIDATES = ("vocab.txt", "data/vocab.txt")
 SPM_CANDIDATES = ("spm.model", "data/spm.model")
+TOKENIZER_JSON_CANDIDATES = ("tokenizer.json", "data/tokenizer.json")
 
 
-def find_vocab(path: str) -> Tuple[Optional[str], Optional[str]]:
-  """(vocab_file, spm_model_file) found beside the checkpoint at `path`, or a clear error."""
+def find_vocab(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+  """(vocab_file, spm_model_file, tokenizer_file) found beside the checkpoint at `path`: exactly
+  one is a path, the others None (what `tokenization.create_tokenizer` takes); or a clear error."""
   directory = path if filesystem.isdir(path) else filesystem.dirname(path)
-  for name in VOCAB_CANDIDATES:
-    candidate = filesystem.join(directory, *name.split("/"))
-    if filesystem.exists(candidate):
-      return candidate, None
-  for name in SPM_CANDIDATES:
-    candidate = filesystem.join(directory, *name.split("/"))
-    if filesystem.exists(candidate):
-      return None, candidate
+  for slot, names in enumerate((VOCAB_CANDIDATES, SPM_CANDIDATES, TOKENIZER_JSON_CANDIDATES)):
+    for name in names:
+      candidate = filesystem.join(directory, *name.split("/"))
+      if filesystem.exists(candidate):
+        found: List[Optional[str]] = [None, None, None]
+        found[slot] = candidate
+        return found[0], found[1], found[2]
+  names = VOCAB_CANDIDATES + SPM_CANDIDATES + TOKENIZER_JSON_CANDIDATES
   raise FileNotFoundError(
-      f"No vocabulary: {directory} has no {' or '.join(VOCAB_CANDIDATES + SPM_CANDIDATES)}; "
-      "pass the vocabulary the checkpoint was trained with (vocab_file / spm_model_file).")
+      f"No vocabulary: {directory} has no {' or '.join(names)}; pass the vocabulary the "
+      "checkpoint was trained with (vocab_file / spm_model_file / tokenizer_file).")
 
 
 def recorded_lower_case(path: str) -> Optional[bool]:

@@ -18,6 +18,28 @@ def training_flops(layers: int, hidden: int, intermediate: int, vocab: int, *, t
           + 6 * pairs * (hidden * hidden + 2 * hidden))
 
 
+def attended_keys(bert_config, layer: int, seq_len: int) -> int:
+  """Keys a query attends to in `layer`: all S, or a local layer's band (2w + 1, at most S;
+  the band's few cut ends at the row's edges are counted whole)."""
+  if bert_config.is_global_layer(layer):
+    return seq_len
+  return min(seq_len, 2 * bert_config.window + 1)
+
+
+def modern_training_flops(bert_config, *, rows: int, seq_len: int, predictions: float) -> float:
+  """FLOPs of one ModernBERT-family training step (`bert_jax.model.modern`): per token the fused
+  Wqkv and Wo (4 H^2) and the GLU MLP (3 H I: Wi is [H, 2I]); attention over each layer's keys
+  (all of them globally, the band locally); the MLM head at the masked positions; no NSP."""
+  c = bert_config
+  mlp = (3 if c.glu else 2) * c.hidden_size * c.intermediate_size
+  encoder_weights = c.num_hidden_layers * (4 * c.hidden_size * c.hidden_size + mlp)
+  tokens = rows * seq_len
+  attention = sum(12 * c.hidden_size * tokens * attended_keys(c, layer, seq_len)
+                  for layer in range(c.num_hidden_layers))
+  head = 6 * predictions * (c.hidden_size * c.hidden_size + c.hidden_size * c.vocab_size)
+  return 6 * encoder_weights * tokens + attention + head
+
+
 def kernel_training_flops(bert_config, rows: int, seq_len: int) -> float:
   """The training FLOPs a step spends inside the splash-attention kernels when it is compiled for
   a TPU (0 where attention is not splash there): XLA's cost analysis counts a custom call as
@@ -29,6 +51,11 @@ def kernel_training_flops(bert_config, rows: int, seq_len: int) -> float:
     kind = modeling.attention_kind(bert_config, deterministic=False, seq_len=seq_len)
   if kind != "splash":
     return 0.0
+  if bert_config.is_modern:   # the local layers' kernels skip the blocks outside the band
+    per_pair = splash.attention_flops(rows, bert_config.num_attention_heads, seq_len,
+                                      bert_config.head_dim) / seq_len
+    return sum(per_pair * attended_keys(bert_config, layer, seq_len)
+               for layer in range(bert_config.num_hidden_layers))
   return bert_config.num_hidden_layers * splash.attention_flops(
       rows, bert_config.num_attention_heads, seq_len, bert_config.head_dim,
       bert_config.causal_attention)

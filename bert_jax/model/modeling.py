@@ -33,7 +33,8 @@ Array = Any
 _MASK_VALUE = -1e9
 
 
-def _activation(config: BertConfig):
+def activation(config: BertConfig):
+  """`config.hidden_act` as a function."""
   name = config.hidden_act
   if name == "gelu":
     return _kernels(config).gelu
@@ -94,7 +95,8 @@ def check_inputs(config: BertConfig, input_ids, token_type_ids=None) -> None:
   ids = np.asarray(input_ids)
   if ids.ndim != 2:
     raise ValueError(f"input_ids must have shape [batch, seq_len], got {ids.shape}")
-  if ids.shape[1] > config.max_position_embeddings:
+  # Rotary positions (the ModernBERT family) have no table to run past.
+  if not config.is_modern and ids.shape[1] > config.max_position_embeddings:
     raise ValueError(
         f"Sequence length {ids.shape[1]} exceeds the position table "
         f"(max_position_embeddings={config.max_position_embeddings}); shorten max_seq_length.")
@@ -302,7 +304,7 @@ class BertIntermediate(nn.Module):
   def __call__(self, x):
     c = self.config
     x = _dense(c, c.intermediate_size, ("embed", "mlp"), "dense")(x)   # [B, S, 4H]
-    return _activation(c)(x)
+    return activation(c)(x)
 
 
 class BertLayer(nn.Module):
@@ -459,7 +461,7 @@ class _TransformModule(nn.Module):
   def __call__(self, hidden):
     c = self.config
     h = _dense(c, c.hidden_size, ("embed", "embed_out"), "dense")(hidden)
-    return _layer_norm(c)(_activation(c)(h))
+    return _layer_norm(c)(activation(c)(h))
 
 
 class BertPreTrainingHeads(nn.Module):

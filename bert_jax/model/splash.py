@@ -9,6 +9,10 @@ segment. Padding queries then attend to padding keys instead of to the real ones
 differ from the XLA path's, but no loss reads them (the heads read real positions), so losses
 and gradients are the same (tests/test_splash_attention.py).
 
+`window` gives sliding-window (local) attention, as ModernBERT's local layers: a query sees the
+keys of its segment within `window` positions, by the library's `LocalMask`, so the kernel skips
+the blocks outside the band (and takes blocks no wider than it, for there to be some to skip).
+
 The stock kernel has no dropout on the attention probabilities, so `splash` requires
 `attention_probs_dropout_prob=0` in training (`check`): a clear error otherwise.
 
@@ -17,7 +21,7 @@ On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `
 per device with `shard_map`: the batch split along `data`, the heads along `model`.
 """
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -59,34 +63,63 @@ def segment_ids(attention_mask: Array) -> Array:
   return jnp.where(jnp.any(mask, axis=-1), first + 1, 0)           # [B, S]
 
 
-def _block(seq_len: int) -> int:
+def _block(seq_len: int, window: Optional[int] = None) -> int:
+  """The kernel's block: the largest of `_BLOCKS` that divides `seq_len`; with a window, the
+  largest no wider than the band (2 * window, at least 128), so that whole blocks outside the
+  band exist to be skipped (a 512 block at window 64 computes 3 x 512 keys per query block for
+  129 in the band, a 128 block 3 x 128)."""
+  widest = max(_BLOCKS[-1], 2 * window) if window is not None else _BLOCKS[0]
   for block in _BLOCKS:
-    if seq_len % block == 0:
+    if seq_len % block == 0 and block <= widest:
       return block
   raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "
                    f"got {seq_len}")
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool):
-  """The splash kernel for one example: q [N, S, D], k, v [N, S, D], segment ids -> [N, S, D]."""
-  head_mask = mask_lib.CausalMask((seq_len, seq_len)) if causal else mask_lib.FullMask(
-      (seq_len, seq_len))
-  block = _block(seq_len)
+def _kernel_recipe(num_heads: int, seq_len: int, causal: bool, window: Optional[int]):
+  """(mask, block sizes) of the kernel: plain hashable objects, tied to no trace."""
+  shape = (seq_len, seq_len)
+  if window is not None:
+    # The library's own local mask: it is evaluated per block when the kernel is built, so the
+    # kernel skips blocks wholly outside the band and masks inside the blocks that cross it.
+    head_mask = mask_lib.LocalMask(shape, window_size=(window, 0 if causal else window),
+                                   offset=0)
+  elif causal:
+    head_mask = mask_lib.CausalMask(shape)
+  else:
+    head_mask = mask_lib.FullMask(shape)
+  block = _block(seq_len, window)
   sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                                 block_q_dkv=block, block_kv_dkv=block,
                                 block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  return kernel_lib.make_splash_mha(mask_lib.MultiHeadMask([head_mask] * num_heads),
-                                    block_sizes=sizes, head_shards=1, q_seq_shards=1,
+  return mask_lib.MultiHeadMask([head_mask] * num_heads), sizes
+
+
+def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool,
+            window: Optional[int] = None):
+  """The splash kernel for one example: q [N, S, D], k, v [N, S, D], segment ids -> [N, S, D];
+  with `window`, query i sees only keys j with |i - j| <= window (and j <= i if causal).
+
+  Built anew by every call, never cached: `make_splash_mha` turns its block tables (which blocks
+  to compute, skip or mask) into jnp arrays, which under a trace are that trace's values. A
+  cached kernel, first built inside a train step's jit, handed that trace's tracers to the
+  evaluation step's jit (UnexpectedTracerError at a pre-training run's first evaluation).
+  Building the tables eagerly instead (`ensure_compile_time_eval`) fails where the default
+  devices are compile-only (the compile report lowers for a TPU without one). What is costly,
+  the numpy tables from the mask, the library caches itself (`mask_info._process_mask`, keyed
+  by the hashable mask), so only the recipe is cached here and a call costs little."""
+  mask, sizes = _kernel_recipe(num_heads, seq_len, causal, window)
+  return kernel_lib.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
                                     interpret=interpret)
 
 
-def _attend(q, k, v, segments, causal: bool):
+def _attend(q, k, v, segments, causal: bool, window: Optional[int] = None):
   """q, k, v [B, N, S, D] (q already scaled), segments [B, S] -> [B, N, S, D], on one device."""
   _, heads, seq_len, _ = q.shape
   # Interpret mode wherever the program is not for a TPU (compiled *for* a TPU on a CPU host by
   # the compile report, it is the real kernel).
-  kernel = _kernel(heads, seq_len, causal, kernels.target_backend() != "tpu")
+  kernel = _kernel(heads, seq_len, causal, kernels.target_backend() != "tpu", window)
   ids = kernel_lib.SegmentIds(q=segments, kv=segments)
   return jax.vmap(kernel)(q, k, v, segment_ids=ids)
 
@@ -96,14 +129,29 @@ def _mesh_axes(mesh, names):
   return present or None
 
 
-def splash_attention(q, k, v, segments, causal: bool = False):
+def splash_attention(q, k, v, segments, causal: bool = False, window: Optional[int] = None):
   """softmax(q k^T / sqrt(D) + mask) v: q, k, v [B, S, N, D], segments [B, S] (`segment_ids`)
-  -> [B, S, N, D] (see the module docstring for padding positions)."""
+  -> [B, S, N, D] (see the module docstring for padding positions).
+
+  `window`: sliding-window (local) attention, query i sees keys j with |i - j| <= window, within
+  its segment (transformers' ModernBERT: window = local_attention // 2, so local_attention=128
+  is window 64, 129 keys wide); None: every key of the segment."""
+  heads_first = lambda t: t.transpose(0, 2, 1, 3)                          # [B, N, S, D]
+  context = splash_attention_heads_first(heads_first(q), heads_first(k), heads_first(v),
+                                         segments, causal, window)
+  return context.transpose(0, 2, 1, 3)                                      # [B, S, N, D]
+
+
+def splash_attention_heads_first(q, k, v, segments, causal: bool = False,
+                                 window: Optional[int] = None):
+  """`splash_attention` in the kernel's own layout: q, k, v [B, N, S, D] -> [B, N, S, D]. A model
+  that projects straight into this layout (the ModernBERT family on TPU) writes no transposes."""
+  if window is not None and window < 0:
+    raise ValueError(f"splash attention's window must be >= 0, got {window}")
   head_dim = q.shape[-1]
   scale = (1.0 / np.sqrt(head_dim)).astype(np.float32)
-  q = (q * scale.astype(q.dtype)).transpose(0, 2, 1, 3)                     # [B, N, S, D]
-  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                   # [B, N, S, D]
-  attend = functools.partial(_attend, causal=causal)
+  q = q * scale.astype(q.dtype)                                             # [B, N, S, D]
+  attend = functools.partial(_attend, causal=causal, window=window)
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch, heads = _mesh_axes(mesh, _BATCH_AXES), _mesh_axes(mesh, (_HEAD_AXIS,))
@@ -111,13 +159,20 @@ def splash_attention(q, k, v, segments, causal: bool = False):
     qkv_spec, ids_spec = P(batch, heads, None, None), P(batch, None)
     attend = jax.shard_map(attend, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec),
                            out_specs=qkv_spec, check_vma=False)
-  context = attend(q, k, v, segments)                                       # [B, N, S, D]
-  return context.transpose(0, 2, 1, 3)                                      # [B, S, N, D]
+  return attend(q, k, v, segments)                                          # [B, N, S, D]
 
 
 def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int,
-                    causal: bool = False) -> float:
+                    causal: bool = False, window: Optional[int] = None) -> float:
   """The training FLOPs of the two attention products (forward 2, backward 4 matmuls of
-  2*B*N*S*S*D each): what XLA's cost analysis does not see inside the custom call."""
-  forward = 2 * 2.0 * batch * heads * seq_len * seq_len * head_dim
-  return 3 * forward * (0.5 if causal else 1.0)
+  2*B*N*S*K*D each, K keys per query row): what XLA's cost analysis does not see inside the
+  custom call. K is S, or with a `window` the band, approximated as min(S, 2*window+1) keys per
+  row (exact away from the sequence's ends; rows near them see fewer, and the kernel computes
+  whole blocks that cross the band's edges). Causal halves K (without a window) or keeps the
+  band's left half, min(S, window+1)."""
+  if window is None:
+    keys = seq_len * (0.5 if causal else 1.0)
+  else:
+    keys = min(seq_len, (window + 1) if causal else (2 * window + 1))
+  forward = 2 * 2.0 * batch * heads * seq_len * keys * head_dim
+  return 3 * forward

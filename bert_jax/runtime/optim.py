@@ -1,16 +1,33 @@
-"""Optimizers and the learning-rate schedule of the paper (spec section 4).
+"""Optimizers and learning-rate schedules (spec section 4; ModernBERT's recipe).
 
 AdamW as the original `AdamWeightDecayOptimizer`: beta1 0.9, beta2 0.999, epsilon 1e-6, decoupled
 weight decay 0.01 that skips LayerNorm parameters and biases, global-norm clipping at 1.0, and by
 default *no* bias correction (`config.optimizer.bias_correction=False` is the original; True is
-the usual Adam). LAMB (You et al. 2019) for large batches.
+the usual Adam). LAMB (You et al. 2019) for large batches. StableAdamW (Wortsman et al. 2023,
+ModernBERT's optimizer): bias-corrected AdamW whose step is divided, tensor by tensor, by the RMS
+of the gradient over its second moment when that exceeds 1 (`stable_adamw`).
+
+Schedules (`config.schedule`): `bert`, the original (linear warm-up, linear decay computed over
+all steps; the default), or `wsd`, warmup-stable-decay (linear warm-up, constant, then a linear,
+cosine or 1-sqrt decay over the last steps; warm-up and stable may be empty, so a decay phase
+started from a checkpoint is one run of its own).
 """
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
+SCHEDULES = ("bert", "wsd")
+# x in [0, 1] (the fraction of the decay done) -> the fraction of the way from the final rate to
+# the peak still left: 1 at the start of the decay, 0 at its end.
+DECAY_SHAPES = {
+    "linear": lambda x: 1.0 - x,
+    "cosine": lambda x: 0.5 * (1.0 + jnp.cos(jnp.pi * x)),
+    "1-sqrt": lambda x: 1.0 - jnp.sqrt(x),     # Hägele et al. 2024; ModernBERT's decay
+}
 
 
 def bert_schedule(learning_rate: float, warmup_steps: int, num_train_steps: int,
@@ -32,11 +49,82 @@ def bert_schedule(learning_rate: float, warmup_steps: int, num_train_steps: int,
   return schedule
 
 
+def wsd_schedule(learning_rate: float, warmup_steps: int, num_train_steps: int,
+                 decay_steps: int, decay_shape: str = "1-sqrt",
+                 final_learning_rate: float = 0.0) -> optax.Schedule:
+  """Warmup-stable-decay (Zhai et al. 2022, Hu et al. 2024; ModernBERT section 2.2.4).
+
+  With W = warmup_steps, N = num_train_steps, D = decay_steps and S = N - D, the rate of step t
+  (0-based, the count of updates before this one) is
+    t < W:        learning_rate * t / W                 (from 0, as `bert_schedule`'s warm-up)
+    W <= t < S:   learning_rate
+    t >= S:       final + (learning_rate - final) * shape((t - S) / D), the fraction clipped to 1
+  where shape is 1 - x (linear), (1 + cos(pi x)) / 2 (cosine) or 1 - sqrt(x) (1-sqrt: with
+  final 0, learning_rate * (1 - sqrt((t - S) / D))). Step S runs at the peak, the last step
+  (N - 1) just above final, and any step past N at final. D = 0: no decay (warm-up then constant
+  for good); W = 0 and D = N: a pure decay run, e.g. a decay phase started from a checkpoint.
+  """
+  if decay_shape not in DECAY_SHAPES:
+    raise ValueError(f"decay_shape={decay_shape!r}: expected one of {sorted(DECAY_SHAPES)}")
+  if warmup_steps < 0 or decay_steps < 0:
+    raise ValueError(f"warmup_steps={warmup_steps}, decay_steps={decay_steps}: must be >= 0")
+  if decay_steps and warmup_steps + decay_steps > num_train_steps:
+    raise ValueError(f"The warm-up ({warmup_steps} steps) and the decay ({decay_steps} steps) "
+                     f"overlap: together more than num_train_steps={num_train_steps}")
+  decay_start = num_train_steps - decay_steps
+  shape = DECAY_SHAPES[decay_shape]
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    rate = jnp.full_like(step, learning_rate)
+    if decay_steps > 0:
+      done = jnp.clip((step - decay_start) / decay_steps, 0.0, 1.0)
+      decayed = final_learning_rate + (learning_rate - final_learning_rate) * shape(done)
+      # Up to the decay's first step the rate is the peak exactly (final + (peak - final) * 1
+      # need not be).
+      rate = jnp.where(step <= decay_start, rate, decayed)
+    if warmup_steps > 0:
+      rate = jnp.where(step < warmup_steps, learning_rate * step / warmup_steps, rate)
+    return rate
+  return schedule
+
+
+def decay_steps_of(sched: ml_collections.ConfigDict, num_train_steps: int) -> int:
+  """The length of a `wsd` schedule's decay: `decay_steps`, or `decay_fraction` of the steps."""
+  if sched.decay_steps and sched.decay_fraction:
+    raise ValueError(f"config.schedule.decay_steps={sched.decay_steps} and decay_fraction="
+                     f"{sched.decay_fraction}: set one of them (the other 0)")
+  if sched.decay_steps < 0 or not 0.0 <= sched.decay_fraction <= 1.0:
+    raise ValueError(f"config.schedule.decay_steps={sched.decay_steps}, decay_fraction="
+                     f"{sched.decay_fraction}: expected decay_steps >= 0, 0 <= decay_fraction <= 1")
+  return sched.decay_steps or int(round(sched.decay_fraction * num_train_steps))
+
+
+def make_schedule(sched: Optional[ml_collections.ConfigDict], learning_rate: float,
+                  warmup_steps: int, num_train_steps: int) -> optax.Schedule:
+  """The schedule a `config.schedule` block names (None: the default, the original's)."""
+  sched = default_schedule_config() if sched is None else sched
+  if not 0.0 <= sched.final_fraction <= 1.0:
+    raise ValueError(f"config.schedule.final_fraction={sched.final_fraction}: expected 0..1")
+  final = learning_rate * sched.final_fraction
+  if sched.name == "bert":
+    if sched.decay_steps or sched.decay_fraction or sched.decay_shape != "linear":
+      raise ValueError(
+          "config.schedule.name='bert' decays linearly over all steps; decay_steps, "
+          "decay_fraction and decay_shape are the 'wsd' schedule's (--config.schedule.name=wsd)")
+    return bert_schedule(learning_rate, warmup_steps, num_train_steps, decay_to=final)
+  if sched.name == "wsd":
+    return wsd_schedule(learning_rate, warmup_steps, num_train_steps,
+                        decay_steps_of(sched, num_train_steps), sched.decay_shape, final)
+  raise ValueError(f"config.schedule.name={sched.name!r}: expected one of {list(SCHEDULES)}")
+
+
 def decay_mask(params) -> Any:
-  """True for parameters that get weight decay: everything but LayerNorm and biases."""
+  """True for parameters that get weight decay: everything but norms (LayerNorm, and the
+  ModernBERT family's norms and RMSNorms: their `scale`) and biases."""
   def keep(path, _):
     names = [getattr(p, "key", str(p)) for p in path]
-    return not (names[-1] == "bias" or names[-1] == "output_bias" or "LayerNorm" in names)
+    return not (names[-1] in ("bias", "output_bias", "scale") or "LayerNorm" in names)
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
@@ -62,36 +150,133 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float,
   return optax.GradientTransformation(init, update)
 
 
+def update_rms(grad, nu_hat, eps: float):
+  """StableAdamW's RMS_t of one tensor: sqrt(mean(g^2 / max(u, eps^2))), u the bias-corrected
+  second moment *including* this step's gradient."""
+  return jnp.sqrt(jnp.mean(jnp.square(grad) / jnp.maximum(nu_hat, eps * eps)))
+
+
+def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-6, weight_decay: float = 0.0,
+                 mask: Optional[Any] = None) -> optax.GradientTransformation:
+  """StableAdamW: Wortsman et al. 2023, "Stable and low-precision training for large-scale
+  vision-language models", Algorithm 2 (AdamW with Adafactor's update clipping as a per-tensor
+  learning rate); the form of `optimi.StableAdamW`, which ModernBERT trains with.
+
+  For every tensor, with g its gradient and t = 1, 2, ... the update count:
+    m_t = b1 m_{t-1} + (1 - b1) g          m^ = m_t / (1 - b1^t)
+    v_t = b2 v_{t-1} + (1 - b2) g^2        v^ = v_t / (1 - b2^t)
+    RMS_t = sqrt(mean over the tensor of g^2 / max(v^, eps^2))
+    eta_t = lr(t - 1) / max(1, RMS_t)
+    theta_t = theta_{t-1} - eta_t (m^ / (sqrt(v^) + eps) + weight_decay * theta_{t-1})
+  The paper writes the correction into the betas (b^ = b (1 - b^(t-1)) / (1 - b^t), moments kept
+  corrected); that is the same m^ and v^, and these are optax's `scale_by_adam` moments, so the
+  state is optax's `ScaleByAdamState` (count, mu, nu; sharded like the parameters).
+
+  Epsilon: twice, as in the paper and optimi: outside the square root in the Adam step, and
+  squared as the floor of v^ in the RMS (so a coordinate whose gradient history is ~0 does not
+  blow RMS_t up). Weight decay: decoupled and multiplied by eta_t, i.e. by the schedule *and* by
+  this tensor's clipping factor (the paper's "- eta_t lambda theta_{t-1}"; optimi's default);
+  `mask` (a tree of Python bools or a function of the parameters, as optax's) picks the tensors
+  that decay. optimi's fully decoupled decay (`decouple_lr=True`, ModernBERT's recipe: the decay
+  is (eta_t / lr_max) lambda theta) is this with weight_decay = lambda / lr_max
+  (`build_optimizer` does that for `config.optimizer.fully_decoupled_weight_decay`).
+
+  Where no tensor is clipped (every RMS_t <= 1) the updates are those of `optax.adamw` with the
+  same arguments, bit for bit (tests/test_optim.py).
+  """
+  def init(params):
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=optax.tree.zeros_like(params),
+                                  nu=optax.tree.zeros_like(params))
+
+  def update(grads, state, params=None):
+    if params is None and weight_decay:
+      raise ValueError("stable_adamw with weight decay needs the parameters: "
+                       "tx.update(grads, state, params)")
+    # The same moment and bias-correction arithmetic as optax.scale_by_adam.
+    mu = optax.tree.update_moment(grads, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(grads, state.nu, b2, 2)
+    count = optax.safe_increment(state.count)
+    mu_hat = optax.tree.bias_correction(mu, b1, count)
+    nu_hat = optax.tree.bias_correction(nu, b2, count)
+    rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
+    if not weight_decay:
+      decays = jax.tree_util.tree_map(lambda _: False, grads)
+    elif mask is None:
+      decays = jax.tree_util.tree_map(lambda _: True, grads)
+    else:
+      decays = mask(params) if callable(mask) else mask
+
+    def step(g, m, v, p, decay):
+      direction = m / (jnp.sqrt(v) + eps)
+      if decay:
+        direction = direction + weight_decay * p
+      scale = -rate / jnp.maximum(1.0, update_rms(g, v, eps))
+      return jnp.asarray(scale, direction.dtype) * direction
+
+    if params is None:
+      params = jax.tree_util.tree_map(lambda _: None, grads)
+    updates = jax.tree_util.tree_map(step, grads, mu_hat, nu_hat, params, decays)
+    return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
 def create_optimizer(config: ml_collections.ConfigDict,
                      num_train_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-  """(optimizer, schedule) from `config.optimizer` and the step fields of `config`."""
+  """(optimizer, schedule) from `config.optimizer`, `config.schedule` and the step fields."""
   return build_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
-                         num_train_steps)
+                         num_train_steps, config.schedule)
 
 
-def build_optimizer(opt, learning_rate: float, warmup_steps: int,
-                    num_train_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-  """(optimizer, schedule): `opt` (a `config.optimizer` block) with the paper's schedule."""
-  schedule = bert_schedule(learning_rate, warmup_steps, num_train_steps)
+def build_optimizer(opt, learning_rate: float, warmup_steps: int, num_train_steps: int,
+                    schedule: Optional[ml_collections.ConfigDict] = None,
+                    ) -> tuple[optax.GradientTransformation, Callable]:
+  """(optimizer, schedule): `opt` (a `config.optimizer` block) with the schedule that `schedule`
+  (a `config.schedule` block) names; None is the default block, the paper's schedule."""
+  rate = make_schedule(schedule, learning_rate, warmup_steps, num_train_steps)
+  weight_decay = opt.weight_decay
+  if opt.fully_decoupled_weight_decay and weight_decay:
+    # optimi's decouple_lr / Composer's decoupled decay: the decay of a step is
+    # (lr_t / learning_rate) * weight_decay, i.e. lr_t * (weight_decay / learning_rate).
+    if opt.name == "lamb":
+      raise ValueError("config.optimizer.fully_decoupled_weight_decay is for adamw and "
+                       "stable_adamw (LAMB's decay goes through its trust ratio)")
+    if learning_rate <= 0:
+      raise ValueError("config.optimizer.fully_decoupled_weight_decay divides by the peak "
+                       f"learning rate; config.learning_rate={learning_rate}")
+    weight_decay = weight_decay / learning_rate
   if opt.name == "adamw":
     if opt.bias_correction:
       moments = optax.scale_by_adam(b1=opt.b1, b2=opt.b2, eps=opt.eps)
     else:
       moments = scale_by_adam_without_bias_correction(opt.b1, opt.b2, opt.eps)
-    core = optax.chain(moments, optax.add_decayed_weights(opt.weight_decay, mask=decay_mask),
-                       optax.scale_by_learning_rate(schedule))
+    core = optax.chain(moments, optax.add_decayed_weights(weight_decay, mask=decay_mask),
+                       optax.scale_by_learning_rate(rate))
   elif opt.name == "lamb":
-    core = optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                      weight_decay=opt.weight_decay, mask=decay_mask)
+    core = optax.lamb(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                      weight_decay=weight_decay, mask=decay_mask)
+  elif opt.name == "stable_adamw":
+    core = stable_adamw(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=weight_decay,
+                        mask=decay_mask)
   else:
-    raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'lamb'")
+    raise ValueError(f"config.optimizer.name={opt.name!r}: expected one of {list(OPTIMIZERS)}")
   chain = [core]
   if opt.clip_grad_norm:
     chain.insert(0, optax.clip_by_global_norm(opt.clip_grad_norm))
-  return optax.chain(*chain), schedule
+  return optax.chain(*chain), rate
 
 
 def default_optimizer_config() -> ml_collections.ConfigDict:
+  """`config.optimizer` (each field documented in experiments/common_defaults.py)."""
   return ml_collections.ConfigDict(dict(
       name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_grad_norm=1.0,
-      bias_correction=False))
+      bias_correction=False, fully_decoupled_weight_decay=False))
+
+
+def default_schedule_config() -> ml_collections.ConfigDict:
+  """`config.schedule` (each field documented in experiments/common_defaults.py): the original
+  schedule."""
+  return ml_collections.ConfigDict(dict(
+      name="bert", decay_steps=0, decay_fraction=0.0, decay_shape="linear", final_fraction=0.0))

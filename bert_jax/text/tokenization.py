@@ -1,4 +1,6 @@
-"""BERT tokenization: WordPiece (`FullTokenizer`) and SentencePiece (`SentencePieceTokenizer`).
+"""BERT tokenization: WordPiece (`FullTokenizer`), SentencePiece (`SentencePieceTokenizer`) and
+any Hugging Face `tokenizer.json` (`HuggingFaceTokenizer`: byte-level BPE as ModernBERT ships, or
+WordPiece, Unigram ...), all behind one interface; `create_tokenizer` picks one.
 
 `FullTokenizer` gives token for token what the reference gives: Hugging Face's slow Python
 `BertTokenizer` (`BertTokenizerLegacy` in transformers 5), which is the original
@@ -22,6 +24,7 @@ lower-casing), so they cannot give parity. `BasicTokenizer` + `WordpieceTokenize
 algorithm in pure Python (used when `tokenizers` is missing, and by the tests as a cross-check).
 """
 import collections
+import json
 import re
 import threading
 import unicodedata
@@ -555,19 +558,258 @@ class SentencePieceTokenizer:
     return self.sp.decode([int(i) for i in ids])
 
 
-def create_tokenizer(vocab_file: Optional[str] = None, spm_model_file: Optional[str] = None,
-                     do_lower_case: bool = True
-                     ) -> Union[FullTokenizer, SentencePieceTokenizer]:
-  """A WordPiece `FullTokenizer` (vocab_file) or a `SentencePieceTokenizer` (spm_model_file).
+# Names under which a tokenizer.json may carry BERT's special tokens, after those its own
+# post-processor, model (unk_token) and padding declare: BERT's, then RoBERTa's / XLNet's.
+_HF_SPECIAL_ALIASES = {PAD: (PAD, "<pad>", "<|padding|>"), UNK: (UNK, "<unk>"),
+                       CLS: (CLS, "<cls>", "<s>"), SEP: (SEP, "<sep>", "</s>"),
+                       MASK: (MASK, "<mask>")}
 
-  Exactly one of the two must be given; an empty string counts as not given (absl flag default).
+
+def _byte_level_spaces() -> frozenset:
+  """The characters GPT-2's byte-level alphabet writes the whitespace bytes as ('Ġ' for a space,
+  'Ċ' for a newline, ...): a byte-level token that starts with one starts a word."""
+  printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+               + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+  mapping, shifted = {}, 0
+  for byte in range(256):
+    if byte in printable:
+      mapping[byte] = chr(byte)
+    else:
+      mapping[byte] = chr(256 + shifted)
+      shifted += 1
+  return frozenset(mapping[b] for b in b" \t\n\r\x0b\x0c")
+
+
+def _components(spec: Optional[dict]) -> List[dict]:
+  """A normalizer / pre-tokenizer / post-processor spec and, for a "Sequence", its parts."""
+  if not spec:
+    return []
+  parts = spec.get("normalizers") or spec.get("pretokenizers") or spec.get("processors")
+  if spec.get("type") == "Sequence" and parts:
+    return [c for part in parts for c in _components(part)]
+  return [spec]
+
+
+class HuggingFaceTokenizer:
+  """A Hugging Face `tokenizer.json` (the `tokenizers` library) behind the FullTokenizer interface.
+
+  What ModernBERT-class checkpoints ship instead of a vocab.txt: byte-level BPE with [CLS] [SEP]
+  [MASK] [PAD] [UNK] (`python -m data_pipelines.build_vocab --model_type=bpe` trains one); any
+  other model the library reads works too (WordPiece, Unigram).
+
+  Tokens and ids are the library's own `encode(text, add_special_tokens=False)`: the file's
+  normalizer, pre-tokenizer and model, special tokens written in the text cut out whole by its
+  added vocabulary; never its post-processor (`bert_jax.text.pairs` adds [CLS]/[SEP]), padding or
+  truncation. Casing is the file's: its normalizer lower-cases or it does not, and
+  `do_lower_case` is not applied on top (`self.do_lower_case` reports what the normalizer does).
+
+  Special tokens are found by name: [CLS] and [SEP] first from the post-processor (the first and
+  last special token of its single-sequence template, or BERT/RoBERTa processing's cls/sep),
+  [UNK] from the model, [PAD] from the padding settings, then each by its names (`[CLS]`, `<cls>`,
+  `<s>`, ...: `_HF_SPECIAL_ALIASES`) among the added special tokens, then the whole vocabulary. A
+  missing one is an error naming the file when it is asked for.
   """
-  if bool(vocab_file) == bool(spm_model_file):
-    raise ValueError("create_tokenizer needs exactly one of vocab_file (WordPiece) and "
-                     f"spm_model_file (SentencePiece); got vocab_file={vocab_file!r}, "
-                     f"spm_model_file={spm_model_file!r}")
+
+  def __init__(self, tokenizer_file: str):
+    if _hf_tokenizers is None:  # pragma: no cover - a declared dependency
+      raise ImportError("A tokenizer.json needs the `tokenizers` library (pip install tokenizers)")
+    if not tokenizer_file or not filesystem.isfile(tokenizer_file):
+      raise FileNotFoundError(f"tokenizer.json file not found: {tokenizer_file!r}")
+    self.tokenizer_file = tokenizer_file
+    text = filesystem.read_text(tokenizer_file)
+    try:
+      spec = json.loads(text)
+      engine = _hf_tokenizers.Tokenizer.from_str(text)
+    except Exception as e:  # json.JSONDecodeError or the library's own parse error
+      raise ValueError(f"{tokenizer_file} is not a Hugging Face tokenizer.json: {e}") from e
+    # The file's padding and truncation settings (a BERT tokenizer.json often pads to 128) would
+    # change every length; rows are padded and truncated by bert_jax.text.pairs.
+    engine.no_padding()
+    engine.no_truncation()
+    self._engine = engine
+    self.vocab = dict(sorted(engine.get_vocab(with_added_tokens=True).items(),
+                             key=lambda item: item[1]))
+    self.inv_vocab = {v: k for k, v in self.vocab.items()}
+    missing = next((i for i in range(len(self.vocab)) if i not in self.inv_vocab), None)
+    if missing is not None:
+      raise ValueError(f"{tokenizer_file}: the ids are not 0..{len(self.vocab) - 1} without gaps "
+                       f"(no token has id {missing})")
+    added = engine.get_added_tokens_decoder()
+    self._added = frozenset(t.content for t in added.values())
+    special_added = frozenset(t.content for t in added.values() if t.special)
+    self._special_piece = self._find_special_tokens(spec, special_added)
+    self._special_pieces = frozenset(self._special_piece.values()) | self._added
+    model = spec.get("model") or {}
+    normalizers = _components(spec.get("normalizer"))
+    self.do_lower_case = any(
+        n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer" and n.get("lowercase"))
+        for n in normalizers)
+    # What marks a piece that continues a word (see is_word_continuation).
+    self._continuing_prefix = ""
+    self._word_start = frozenset()
+    if model.get("type") in ("WordPiece", "BPE") and model.get("continuing_subword_prefix"):
+      self._continuing_prefix = model["continuing_subword_prefix"]
+    else:
+      for pre in _components(spec.get("pre_tokenizer")):
+        if pre.get("type") == "ByteLevel":
+          self._word_start = _byte_level_spaces()
+        elif pre.get("type") == "Metaspace":
+          self._word_start = frozenset(pre.get("replacement") or "\u2581")
+
+  def _find_special_tokens(self, spec: dict, special_added: frozenset) -> Dict[str, str]:
+    """BERT name -> this file's token (see the class docstring for the order of the sources)."""
+    found: Dict[str, str] = {}
+    for processor in _components(spec.get("post_processor")):
+      kind = processor.get("type")
+      if kind in ("BertProcessing", "RobertaProcessing"):
+        found.setdefault(CLS, processor["cls"][0])
+        found.setdefault(SEP, processor["sep"][0])
+      elif kind == "TemplateProcessing":
+        template = processor.get("single") or []
+        names = {name: entry.get("tokens") or [] for name, entry in
+                 (processor.get("special_tokens") or {}).items()}
+        first_sequence = next((i for i, item in enumerate(template) if "Sequence" in item),
+                              len(template))
+        before = [item["SpecialToken"]["id"] for item in template[:first_sequence]
+                  if "SpecialToken" in item]
+        after = [item["SpecialToken"]["id"] for item in template[first_sequence:]
+                 if "SpecialToken" in item]
+        for name, ids in ((CLS, before[:1]), (SEP, after[-1:])):
+          tokens = names.get(ids[0], [ids[0]]) if ids else []
+          if len(tokens) == 1:
+            found.setdefault(name, tokens[0])
+    model = spec.get("model") or {}
+    if model.get("unk_token"):
+      found.setdefault(UNK, model["unk_token"])
+    elif model.get("type") == "Unigram" and model.get("unk_id") is not None:
+      found.setdefault(UNK, model["vocab"][model["unk_id"]][0])
+    if (spec.get("padding") or {}).get("pad_token"):
+      found.setdefault(PAD, spec["padding"]["pad_token"])
+    found = {name: token for name, token in found.items() if token in self.vocab}
+    for name, aliases in _HF_SPECIAL_ALIASES.items():
+      for pool in (special_added, self.vocab):
+        match = next((alias for alias in aliases if alias in pool), None)
+        if name not in found and match is not None:
+          found[name] = match
+    return found
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.vocab)
+
+  def special_token(self, name: str) -> str:
+    """This file's token for BERT's special token `name` ([CLS], [SEP], [PAD], [UNK], [MASK])."""
+    if name not in self._special_piece:
+      raise KeyError(f"Special token {name} is not in {self.tokenizer_file} (looked for "
+                     f"{' / '.join(_HF_SPECIAL_ALIASES[name])} in its post-processor, model, "
+                     "padding and vocabulary)")
+    return self._special_piece[name]
+
+  @property
+  def special_tokens(self) -> Dict[str, str]:
+    """BERT name -> this file's token, for the special tokens it has."""
+    return dict(self._special_piece)
+
+  @property
+  def pad_id(self) -> int:
+    return self.vocab[self.special_token(PAD)]
+
+  @property
+  def unk_id(self) -> int:
+    return self.vocab[self.special_token(UNK)]
+
+  @property
+  def cls_id(self) -> int:
+    return self.vocab[self.special_token(CLS)]
+
+  @property
+  def sep_id(self) -> int:
+    return self.vocab[self.special_token(SEP)]
+
+  @property
+  def mask_id(self) -> int:
+    return self.vocab[self.special_token(MASK)]
+
+  def tokenize(self, text: TextLike) -> List[str]:
+    # The vocabulary's tokens of the ids: the library's own token strings may carry the text an
+    # added token stripped (' [MASK]' for a [MASK] with lstrip), which is no vocabulary entry.
+    ids = self._engine.encode(convert_to_unicode(text), add_special_tokens=False).ids
+    return [self.inv_vocab[i] for i in ids]
+
+  def encode_batch(self, texts: Sequence[TextLike]) -> List[List[int]]:
+    """Ids of `tokenize(text)` for every text (one batched call into the library)."""
+    encodings = self._engine.encode_batch_fast([convert_to_unicode(t) for t in texts],
+                                               add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def convert_tokens_to_ids(self, tokens: Iterable[str]) -> List[int]:
+    vocab = self.vocab
+    unk = self.vocab.get(self._special_piece.get(UNK))
+    out = []
+    for token in tokens:
+      i = vocab.get(token, unk)
+      if i is None:
+        raise KeyError(f"Token {token!r} is not in {self.tokenizer_file}, which has no [UNK]")
+      out.append(i)
+    return out
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
+    inv = self.inv_vocab
+    out = []
+    for i in ids:
+      i = int(i)
+      if i not in inv:
+        raise ValueError(f"Token id {i} is out of range for {self.tokenizer_file} "
+                         f"({self.vocab_size} entries)")
+      out.append(inv[i])
+    return out
+
+  def is_word_continuation(self, token: str) -> bool:
+    """Whether `token` continues the word of the token before it (whole-word masking).
+
+    WordPiece (or BPE with a continuing-subword prefix): a '##x' piece. Byte-level BPE: a piece
+    that does not start with the space marker 'Ġ' (or another whitespace byte's character);
+    SentencePiece-style Metaspace: a piece without '▁'. Special and added tokens never continue
+    a word. Per token only, without context: the first piece after [CLS] or [SEP] starts a word
+    because the masking never joins a piece to a special token (`data_pipelines.masking`); a
+    byte-level text's first piece has no 'Ġ' (ModernBERT adds no prefix space), so a sentence
+    that follows another inside one segment joins its first piece to the last word before it.
+    A file with no word mark (e.g. BPE over a whitespace split): never (each piece alone).
+    """
+    if not token or token in self._special_pieces:
+      return False
+    if self._continuing_prefix:
+      return len(token) > len(self._continuing_prefix) and token.startswith(
+          self._continuing_prefix)
+    if self._word_start:
+      return token[0] not in self._word_start
+    return False
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._engine.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def create_tokenizer(vocab_file: Optional[str] = None, spm_model_file: Optional[str] = None,
+                     do_lower_case: bool = True, tokenizer_file: Optional[str] = None
+                     ) -> Union[FullTokenizer, SentencePieceTokenizer, HuggingFaceTokenizer]:
+  """A WordPiece `FullTokenizer` (vocab_file), a `SentencePieceTokenizer` (spm_model_file) or a
+  `HuggingFaceTokenizer` (tokenizer_file: a tokenizer.json, whose own normalizer decides the
+  casing, so do_lower_case does not apply to it).
+
+  Exactly one of the three must be given; an empty string counts as not given (absl flag
+  default).
+  """
+  given = [name for name, value in (("vocab_file", vocab_file), ("spm_model_file", spm_model_file),
+                                    ("tokenizer_file", tokenizer_file)) if value]
+  if len(given) != 1:
+    raise ValueError("create_tokenizer needs exactly one of vocab_file (WordPiece), "
+                     "spm_model_file (SentencePiece) and tokenizer_file (a Hugging Face "
+                     f"tokenizer.json); got vocab_file={vocab_file!r}, "
+                     f"spm_model_file={spm_model_file!r}, tokenizer_file={tokenizer_file!r}")
   if vocab_file:
     return FullTokenizer(vocab_file, do_lower_case=do_lower_case)
+  if tokenizer_file:
+    return HuggingFaceTokenizer(tokenizer_file)
   return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
 
 

@@ -1,12 +1,12 @@
 """WORKDIR/best/: the best fine-tuned model of a run, kept for predict-only runs,
 `bert_jax.predict` and `bert_jax.export`.
 
-It holds the encoder (`save_pretrained`), `head.safetensors`, the vocabulary (`vocab.txt` or the
-SentencePiece model), the run's config (`task_config.json`) and `best.json` (the step and metric,
-and the size and SHA-256 of every other file, written last). A new best model is written whole
-beside the old one (`best.partial/`) and swapped in by renames, so a save that fails or is killed
-never leaves the previous one half overwritten; every reader finds the complete one
-(`best_location`), and a file changed after it was written is named (`check_best`).
+It holds the encoder (`save_pretrained`), `head.safetensors`, the vocabulary (`vocab.txt`, the
+SentencePiece model or the `tokenizer.json`), the run's config (`task_config.json`) and `best.json`
+(the step and metric, and the size and SHA-256 of every other file, written last). A new best model
+is written whole beside the old one (`best.partial/`) and swapped in by renames, so a save that
+fails or is killed never leaves the previous one half overwritten; every reader finds the complete
+one (`best_location`), and a file changed after it was written is named (`check_best`).
 """
 import contextlib
 import json
@@ -29,6 +29,7 @@ BEST_INFO = "best.json"
 # task from (its head, labels, max_seq_length, casing).
 TASK_CONFIG = "task_config.json"
 SPM_COPY = checkpoints.SPM_CANDIDATES[0]  # the SentencePiece model saved beside best/
+TOKENIZER_JSON_COPY = checkpoints.TOKENIZER_JSON_CANDIDATES[0]  # a tokenizer.json saved there
 
 
 def _flat(tree) -> Dict[str, np.ndarray]:
@@ -93,8 +94,9 @@ def settle_best(directory: str) -> None:
 def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
               tokenizer=None, task_config: Optional[ml_collections.ConfigDict] = None) -> None:
   """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json`, the
-  vocabulary (`vocab.txt` or `spm.model`) and the run's config (`task_config.json`): everything
-  a later predict-only run, `bert_jax.predict` or `bert_jax.export` needs.
+  vocabulary (`vocab.txt`, `spm.model` or `tokenizer.json`) and the run's config
+  (`task_config.json`): everything a later predict-only run, `bert_jax.predict` or
+  `bert_jax.export` needs.
 
   The new best/ is written whole beside the old one (`best.partial/`), then swapped in with two
   renames (the old one to `best.old/`, removed last): a save that fails (a full disk) or is
@@ -133,6 +135,8 @@ def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, inf
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
   if getattr(tokenizer, "spm_model_file", None):
     filesystem.copy(tokenizer.spm_model_file, filesystem.join(directory, SPM_COPY))
+  elif getattr(tokenizer, "tokenizer_file", None):
+    filesystem.copy(tokenizer.tokenizer_file, filesystem.join(directory, TOKENIZER_JSON_COPY))
   elif getattr(tokenizer, "vocab_file", None):
     filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
   with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:

@@ -5,16 +5,16 @@ features, head, loss, predictions, metrics and files); the loop knows nothing el
 `tasks.registry` finds a task by `config.task`.
 
 What the loop does (spec section 5): the encoder from `config.init_checkpoint` (any format
-`checkpoints.load_pretrained` reads), the vocabulary from the checkpoint's directory (`vocab.txt`)
-unless `config.tokenizer.vocab_file` / `spm_model_file` is given, and a clear error if its size is
-not the encoder's; AdamW as the original with linear warm-up over the first
-`config.warmup_proportion` of the steps; `config.num_train_epochs` passes over the training rows
-(shuffled per epoch from `config.seed`; the batch of step s is a pure function of s, so a resumed
-run sees the same batches); dropout randomness `fold_in(rng, step)`; evaluation on the *whole*
-eval split after every epoch (or every `config.eval_every_steps`), the last partial batch padded
-and masked, never dropped; the best parameters by `task.best_metric` kept in `WORKDIR/best/`
-(`best_model`: an encoder `load_pretrained` reads, plus `head.safetensors`); at the end the best parameters
-predict every eval and test split.
+`checkpoints.load_pretrained` reads), the vocabulary from the checkpoint's directory (`vocab.txt`,
+`spm.model` or `tokenizer.json`) unless `config.tokenizer.vocab_file` / `spm_model_file` /
+`tokenizer_file` is given, and a clear error if its size is not the encoder's; AdamW as the original
+with linear warm-up over the first `config.warmup_proportion` of the steps;
+`config.num_train_epochs` passes over the training rows (shuffled per epoch from `config.seed`; the
+batch of step s is a pure function of s, so a resumed run sees the same batches); dropout randomness
+`fold_in(rng, step)`; evaluation on the *whole* eval split after every epoch (or every
+`config.eval_every_steps`), the last partial batch padded and masked, never dropped; the best
+parameters by `task.best_metric` kept in `WORKDIR/best/` (`best_model`: an encoder `load_pretrained`
+reads, plus `head.safetensors`); at the end the best parameters predict every eval and test split.
 
 Output files: `WORKDIR/metrics.jsonl` (train and eval lines), `WORKDIR/results.json`
 ({"task", "best_metric", "best_value", "best_step", "<split>": {metrics}, ...}), the task's
@@ -42,7 +42,7 @@ from flax import traverse_util
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import flops, modeling
+from bert_jax.model import families, flops, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
@@ -92,7 +92,7 @@ class FineTuningModel(nn.Module):
     ids = batch["input_ids"]
     lead, seq_len = ids.shape[:-1], ids.shape[-1]
     fold = lambda x: x.reshape((-1, seq_len))                                # [..., S] -> [N, S]
-    encoder = modeling.BertModel(self.bert_config, name="bert")
+    encoder = families.encoder(self.bert_config, name="bert")
     outputs = encoder(fold(ids), fold(batch["input_mask"]), fold(batch["segment_ids"]),
                       deterministic=deterministic or self.freeze_encoder,
                       output_hidden_states=self.output_hidden_states)
@@ -159,23 +159,30 @@ def predict_step(params, batch, *, model, task_loss=None):
 # ----------------------------------------------------------------------------------- inputs
 
 
-def find_vocab(config: ml_collections.ConfigDict) -> Tuple[Optional[str], Optional[str]]:
-  """(vocab_file, spm_model_file): the config's if given, else the checkpoint directory's."""
-  if config.tokenizer.vocab_file or config.tokenizer.spm_model_file:
-    return config.tokenizer.vocab_file or None, config.tokenizer.spm_model_file or None
+def find_vocab(config: ml_collections.ConfigDict
+               ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+  """(vocab_file, spm_model_file, tokenizer_file): the config's if given, else the checkpoint
+  directory's (vocab.txt, else spm.model, else tokenizer.json: `checkpoints.find_vocab`)."""
+  given = (config.tokenizer.vocab_file, config.tokenizer.spm_model_file,
+           config.tokenizer.tokenizer_file)
+  if any(given):
+    return tuple(p or None for p in given)
   return checkpoints.find_vocab(config.init_checkpoint)
 
 
 def create_tokenizer(config, bert_config: BertConfig):
   """The checkpoint's tokenizer; a vocabulary whose size is not the encoder's is an error."""
-  vocab_file, spm_model_file = find_vocab(config)
+  vocab_file, spm_model_file, tokenizer_file = find_vocab(config)
   do_lower_case = config.tokenizer.do_lower_case
-  tokenization.validate_case_matches_checkpoint(do_lower_case, config.init_checkpoint)
+  if not tokenizer_file:   # a tokenizer.json's own normalizer decides its casing
+    tokenization.validate_case_matches_checkpoint(do_lower_case, config.init_checkpoint)
   tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                            do_lower_case=do_lower_case)
+                                            do_lower_case=do_lower_case,
+                                            tokenizer_file=tokenizer_file)
   if tokenizer.vocab_size != bert_config.vocab_size:
     raise ValueError(
-        f"Vocabulary {vocab_file or spm_model_file} has {tokenizer.vocab_size} entries but the "
+        f"Vocabulary {vocab_file or spm_model_file or tokenizer_file} has "
+        f"{tokenizer.vocab_size} entries but the "
         f"checkpoint {config.init_checkpoint} has vocab_size={bert_config.vocab_size}: they do "
         "not belong together (pass the vocabulary the checkpoint was trained with).")
   return tokenizer
@@ -366,7 +373,8 @@ def read_inputs(task: Task, config, max_train_examples: Optional[int] = None,
                      "TF checkpoint, a save_pretrained directory or a pre-training workdir.")
   bert_config = bert_config_for(config, checkpoints.load_pretrained_config(config.init_checkpoint))
   tokenizer = create_tokenizer(config, bert_config)
-  if config.max_seq_length > bert_config.max_position_embeddings:
+  if (not bert_config.is_modern   # rotary positions: no table to run past
+      and config.max_seq_length > bert_config.max_position_embeddings):
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the checkpoint's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
   start = time.time()
@@ -393,11 +401,21 @@ def optimizer_for(task: Task, config, num_train_steps: int):
   feature-based approach gets no update (and no Adam moments)."""
   tx, schedule = optim.build_optimizer(config.optimizer, config.learning_rate,
                                        int(num_train_steps * config.warmup_proportion),
-                                       max(num_train_steps, 1))
+                                       max(num_train_steps, 1), config.schedule)
   if task.freeze_encoder:
     labels = lambda params: {k: ("frozen" if k == "bert" else "train") for k in params}
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
   return tx, schedule
+
+
+def modern_pooler_from_mlm_head(pretrained: Dict, bert_config: BertConfig) -> Dict:
+  """A ModernBERT encoder's pooling head (dense, activation, norm) starts as the checkpoint's MLM
+  head transform where the checkpoint has no pooler of its own: transformers'
+  ModernBertForSequenceClassification does the same (both are named `head.` there)."""
+  transform = pretrained.get("cls", {}).get("predictions", {}).get("transform")
+  if not bert_config.is_modern or transform is None or "pooler" in pretrained["bert"]:
+    return pretrained
+  return dict(pretrained, bert=dict(pretrained["bert"], pooler=transform))
 
 
 def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> TrainState:
@@ -407,6 +425,7 @@ def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> 
   if filesystem.exists(filesystem.join(config.init_checkpoint, best_model.HEAD_FILE)):
     # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked here).
     pretrained = dict(pretrained, head=best_model.read_head(config.init_checkpoint))
+  pretrained = modern_pooler_from_mlm_head(pretrained, bert_config)
   host = jax.device_get(par.checkpointable(state))
   params, not_loaded = merge_pretrained(
       host.params, checkpoints.to_model_layout(pretrained, bert_config), task.new_params,

@@ -215,7 +215,8 @@ def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
   steps_per_epoch = max(1, num_sentences // batch_size)
   num_steps = steps_per_epoch * int(config.num_train_epochs)
   tx, schedule = optim.build_optimizer(config.optimizer, config.learning_rate,
-                                       int(num_steps * config.warmup_proportion), num_steps)
+                                       int(num_steps * config.warmup_proportion), num_steps,
+                                       config.schedule)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   sample = make_batch(train, layers, np.arange(min(batch_size, num_sentences)), batch_size)
   predict_fn = functools.partial(finetuning.predict_step, model=model)

@@ -24,7 +24,7 @@ from absl import logging
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import flops, kernels, modeling
+from bert_jax.model import families, flops, kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
@@ -52,11 +52,15 @@ def bert_config_from(config: ml_collections.ConfigDict) -> BertConfig:
   return BertConfig.from_dict(fields, source="config.model")
 
 
-def build_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraining:
+def build_model(config: ml_collections.ConfigDict):
+  """`modeling.BertForPreTraining`, or the ModernBERT family's masked LM (`model/modern.py`)."""
   if config.objective not in OBJECTIVES:
     raise ValueError(f"config.objective={config.objective!r}: expected one of {OBJECTIVES}")
-  return modeling.BertForPreTraining(bert_config_from(config),
-                                     use_nsp=config.objective == "mlm_nsp")
+  bert_config = bert_config_from(config)
+  if bert_config.is_modern and config.objective != "mlm":
+    raise ValueError(f"config.objective={config.objective!r}: config.model.architecture="
+                     "'modernbert' trains the masked LM alone; use --config.objective=mlm")
+  return families.pretraining_model(bert_config, use_nsp=config.objective == "mlm_nsp")
 
 
 # ----------------------------------------------------------------------------------- losses
@@ -194,14 +198,16 @@ def load_init_checkpoint(config, params):
   is loaded; one it lacks keeps its fresh initialisation, and the run says which."""
   loaded_config, loaded = checkpoints.load_pretrained(config.init_checkpoint)
   ours = bert_config_from(config)
-  for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "type_vocab_size"):
+  for field in ("architecture", "vocab_size", "hidden_size", "num_hidden_layers",
+                "num_attention_heads", "intermediate_size", "type_vocab_size"):
     if getattr(loaded_config, field) != getattr(ours, field):
       raise ValueError(f"init_checkpoint {config.init_checkpoint}: {field}="
                        f"{getattr(loaded_config, field)} but config.model.{field}="
                        f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
                        "checkpoint's architecture)")
-  if loaded_config.max_position_embeddings != ours.max_position_embeddings:
+  # Rotary positions have no table: a ModernBERT phase may run longer than the one before it.
+  if (not ours.is_modern
+      and loaded_config.max_position_embeddings != ours.max_position_embeddings):
     raise ValueError(f"init_checkpoint {config.init_checkpoint}: max_position_embeddings differs")
   missing = checkpoints.missing_heads(loaded)
   loaded = checkpoints.to_model_layout(loaded, ours)
@@ -226,8 +232,9 @@ def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   Continued pre-training of a released model: returns the changes to `config` ({"model.<field>":
   ..., "tokenizer.<field>": ...}; empty without model_from_checkpoint) that make the architecture
   fields of `config.model` (not the runtime ones: dtype, scan, remat, kernels) the checkpoint's,
-  and the tokenizer the vocabulary beside it (`vocab.txt`, or `spm.model`) with its recorded
-  casing, unless `config.tokenizer` names a vocabulary. `config` itself is not changed. A
+  and the tokenizer the vocabulary beside it (`vocab.txt`, else `spm.model`, else
+  `tokenizer.json`: `checkpoints.find_vocab`) with its recorded casing (a tokenizer.json's: its
+  normalizer's), unless `config.tokenizer` names a vocabulary. `config` itself is not changed. A
   `max_seq_length` beyond the checkpoint's position table is an error.
   """
   if not config.model_from_checkpoint:
@@ -238,27 +245,37 @@ def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
                      "pre-training workdir)")
   source = config.init_checkpoint
   loaded = checkpoints.load_pretrained_config(source)
-  if config.max_seq_length > loaded.max_position_embeddings:
+  if not loaded.is_modern and config.max_seq_length > loaded.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} is longer than the position "
                      f"table of {source} (max_position_embeddings="
                      f"{loaded.max_position_embeddings}): continued pre-training cannot add "
                      f"positions; use --config.max_seq_length<={loaded.max_position_embeddings}")
   changes = {f"model.{k}": v for k, v in loaded.to_dict(include_runtime=False).items()}
-  vocab_file, spm_model_file = config.tokenizer.vocab_file, config.tokenizer.spm_model_file
+  vocab_file, spm_model_file, tokenizer_file = (config.tokenizer.vocab_file,
+                                                 config.tokenizer.spm_model_file,
+                                                 config.tokenizer.tokenizer_file)
   do_lower_case = config.tokenizer.do_lower_case
-  if not (vocab_file or spm_model_file):
-    vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(source))
+  found = not (vocab_file or spm_model_file or tokenizer_file)
+  if found:
+    vocab_file, spm_model_file, tokenizer_file = (p or "" for p in checkpoints.find_vocab(source))
     recorded = checkpoints.recorded_lower_case(source)
     if recorded is not None:
       do_lower_case = recorded
-    changes.update({"tokenizer.vocab_file": vocab_file, "tokenizer.spm_model_file": spm_model_file,
-                    "tokenizer.do_lower_case": do_lower_case})
   from bert_jax.text import tokenization
-  tokenization.validate_case_matches_checkpoint(do_lower_case, source)
-  vocab = vocab_file or spm_model_file
-  size = tokenization.create_tokenizer(vocab_file=vocab_file or None,
-                                       spm_model_file=spm_model_file or None,
-                                       do_lower_case=do_lower_case).vocab_size
+  tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file or None,
+                                            spm_model_file=spm_model_file or None,
+                                            tokenizer_file=tokenizer_file or None,
+                                            do_lower_case=do_lower_case)
+  if tokenizer_file:   # the file's normalizer is its casing
+    do_lower_case = tokenizer.do_lower_case
+  else:
+    tokenization.validate_case_matches_checkpoint(do_lower_case, source)
+  if found:
+    changes.update({"tokenizer.vocab_file": vocab_file, "tokenizer.spm_model_file": spm_model_file,
+                    "tokenizer.tokenizer_file": tokenizer_file,
+                    "tokenizer.do_lower_case": do_lower_case})
+  vocab = vocab_file or spm_model_file or tokenizer_file
+  size = tokenizer.vocab_size
   if size != loaded.vocab_size:
     raise ValueError(f"Vocabulary {vocab} has {size} entries but {source} has vocab_size="
                      f"{loaded.vocab_size}: pass the vocabulary the checkpoint was trained with")
@@ -323,6 +340,7 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
     tokenizer = tokenization.create_tokenizer(
         vocab_file=config.tokenizer.vocab_file or None,
         spm_model_file=config.tokenizer.spm_model_file or None,
+        tokenizer_file=config.tokenizer.tokenizer_file or None,
         do_lower_case=config.tokenizer.do_lower_case)
     special = masking.SpecialTokens.from_tokenizer(tokenizer)
   return input_pipeline.create_pretraining_dataset(
@@ -331,7 +349,8 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
       max_predictions_per_seq=config.max_predictions_per_seq, masking=masking_config,
       special=special, seed=config.seed, is_training=training,
       process_index=process_index, process_count=process_count,
-      shuffle_buffer_size=config.data.shuffle_buffer_size, packing=packing_config)
+      shuffle_buffer_size=config.data.shuffle_buffer_size, packing=packing_config,
+      require_nsp_labels=config.objective == "mlm_nsp")
 
 
 def record_spec(config, training: bool):
@@ -437,6 +456,9 @@ def model_flops(config, rows: int) -> float:
   """The analytic training FLOPs of a step of `rows` rows (`model.flops`)."""
   c = bert_config_from(config)
   s = config.max_seq_length
+  if c.is_modern:
+    return flops.modern_training_flops(c, rows=rows, seq_len=s,
+                                       predictions=rows * config.max_predictions_per_seq)
   pairs = rows * (config.data.max_pairs_per_row if config.data.packing else 1)
   return flops.training_flops(
       c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,

@@ -74,10 +74,10 @@ def load(path: str, **model_overrides) -> FineTuned:
   directory = best_directory(path)
   best_model.check_best(directory)
   # Everything comes from best/ now, whatever paths the run had (they may not exist here).
-  vocab_file, spm_model_file = (p or "" for p in checkpoints.find_vocab(directory))
+  vocab_file, spm_model_file, tokenizer_file = (p or "" for p in checkpoints.find_vocab(directory))
   config = config_names.replaced(read_task_config(directory), dict(
       {"init_checkpoint": directory, "tokenizer.vocab_file": vocab_file,
-       "tokenizer.spm_model_file": spm_model_file},
+       "tokenizer.spm_model_file": spm_model_file, "tokenizer.tokenizer_file": tokenizer_file},
       **{f"model.{k}": v for k, v in model_overrides.items()}))
   task = get_task(config)
   if not task.output_kind:

@@ -13,12 +13,14 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
   module is lowered for `PLATFORMS` (cpu, cuda, tpu): TensorFlow picks the lowering of the device
   it runs on. `signature.json` beside `saved_model.pb` says how to make the inputs (tokenizer,
   casing, max_seq_length, the [CLS] A [SEP] B [SEP] layout), what the outputs mean and the
-  labels; the vocabulary is a SavedModel asset (`assets/vocab.txt` or `assets/spm.model`).
+  labels; the vocabulary is a SavedModel asset (`assets/vocab.txt`, `assets/spm.model` or
+  `assets/tokenizer.json`).
 * `huggingface`: the matching transformers class (`HF_CLASSES`): config.json (labels as
   id2label/label2id) + model.safetensors + the tokenizer files (vocab.txt, tokenizer_config.json
-  with do_lower_case), loadable offline by `AutoModelFor...` and `AutoTokenizer`. The encoder is
-  written by `checkpoints.huggingface_state` (the same renaming as `export_huggingface`), the head
-  under transformers' names (torch Linear weights are [out, in]).
+  with do_lower_case; or a model's tokenizer.json, as `PreTrainedTokenizerFast`), loadable
+  offline by `AutoModelFor...` and `AutoTokenizer`. The encoder is written by
+  `checkpoints.huggingface_state` (the same renaming as `export_huggingface`), the head under
+  transformers' names (torch Linear weights are [out, in]).
 
 There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
 `FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
@@ -38,7 +40,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import modeling
+from bert_jax.model import families
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks.framework import finetuning
 from bert_jax.tasks.tools import fine_tuned
@@ -110,7 +112,8 @@ class Servable:
   max_seq_length: int = 0
   do_lower_case: Optional[bool] = None
   vocab_file: Optional[str] = None   # WordPiece vocabulary, or
-  spm_model_file: Optional[str] = None   # SentencePiece model (None, None: none found)
+  spm_model_file: Optional[str] = None   # SentencePiece model, or
+  tokenizer_file: Optional[str] = None   # Hugging Face tokenizer.json (all None: none found)
   task_config: Optional[ml_collections.ConfigDict] = None
   num_choices: int = 0               # multiple choice: C in [B, C, S]
   input_format: str = ENCODER_INPUT_FORMAT   # how text becomes the inputs (the task's)
@@ -140,17 +143,21 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
     return _load_encoder(path, dtype, do_lower_case)
   model = fine_tuned.load(best, **({"dtype": dtype} if dtype else {}))
   config = model.config
-  if do_lower_case is not None and do_lower_case != config.tokenizer.do_lower_case:
-    raise ValueError(f"{best} was fine-tuned with do_lower_case={config.tokenizer.do_lower_case}; "
+  # A tokenizer.json's casing is its normalizer's, whatever the run's do_lower_case said.
+  run_lower_case = bool(model.tokenizer.do_lower_case if config.tokenizer.tokenizer_file
+                        else config.tokenizer.do_lower_case)
+  if do_lower_case is not None and do_lower_case != run_lower_case:
+    raise ValueError(f"{best} was fine-tuned with do_lower_case={run_lower_case}; "
                      f"--do_lower_case={do_lower_case} would not tokenize as it was trained")
   apply = lambda params, batch: model.model.apply({"params": params}, batch, deterministic=True)
   return Servable(
       kind=model.kind, source=model.directory, bert_config=model.bert_config,
       params=model.params, apply=apply, task_name=model.task.name, labels=tuple(model.labels),
       max_seq_length=int(config.max_seq_length),
-      do_lower_case=bool(config.tokenizer.do_lower_case),
+      do_lower_case=run_lower_case,
       vocab_file=config.tokenizer.vocab_file or None,
       spm_model_file=config.tokenizer.spm_model_file or None,
+      tokenizer_file=config.tokenizer.tokenizer_file or None,
       task_config=config,
       num_choices=len(model.labels) if model.kind == "multiple_choice" else 0,
       input_format=model.task.input_format, notes=model.task.signature_notes(model.directory))
@@ -162,13 +169,15 @@ def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Serva
     bert_config = bert_config.replace(dtype=dtype)
   params = {"bert": checkpoints.to_model_layout({"bert": params["bert"]}, bert_config)["bert"]}
   try:
-    vocab_file, spm_model_file = checkpoints.find_vocab(path)
+    vocab_file, spm_model_file, tokenizer_file = checkpoints.find_vocab(path)
   except FileNotFoundError:
-    vocab_file = spm_model_file = None
-  if do_lower_case is None:
+    vocab_file = spm_model_file = tokenizer_file = None
+  if tokenizer_file:   # its own normalizer is its casing
+    do_lower_case = tokenization.HuggingFaceTokenizer(tokenizer_file).do_lower_case
+  elif do_lower_case is None:
     recorded = checkpoints.recorded_lower_case(path)
     do_lower_case = recorded if recorded is not None else not spm_model_file
-  encoder = modeling.BertModel(bert_config, add_pooling_layer="pooler" in params["bert"])
+  encoder = families.encoder(bert_config, add_pooling_layer="pooler" in params["bert"])
 
   def apply(params, batch):
     return encoder.apply({"params": params["bert"]}, batch["input_ids"], batch["input_mask"],
@@ -177,15 +186,15 @@ def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Serva
   return Servable(kind=ENCODER, source=path, bert_config=bert_config, params=params,
                   apply=apply, max_seq_length=bert_config.max_position_embeddings,
                   do_lower_case=do_lower_case, vocab_file=vocab_file,
-                  spm_model_file=spm_model_file)
+                  spm_model_file=spm_model_file, tokenizer_file=tokenizer_file)
 
 
 def tokenizer_for(servable: Servable):
   """The tokenizer the exported model's inputs must be made with (None: no vocabulary found)."""
-  if not (servable.vocab_file or servable.spm_model_file):
+  if not (servable.vocab_file or servable.spm_model_file or servable.tokenizer_file):
     return None
   return tokenization.create_tokenizer(servable.vocab_file, servable.spm_model_file,
-                                       servable.do_lower_case)
+                                       servable.do_lower_case, servable.tokenizer_file)
 
 
 # ----------------------------------------------------------------------------------- outputs
@@ -255,12 +264,12 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
       "max_position_embeddings": servable.bert_config.max_position_embeddings,
       "tokenizer": {
           "type": ("wordpiece" if servable.vocab_file else
-                   "sentencepiece" if servable.spm_model_file else None),
+                   "sentencepiece" if servable.spm_model_file else
+                   "huggingface_tokenizers" if servable.tokenizer_file else None),
           "vocab": vocab_name,
           "do_lower_case": servable.do_lower_case,
           "max_input_chars_per_word": 200 if servable.vocab_file else None,
-          "special_tokens": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
-                             "mask": "[MASK]"},
+          "special_tokens": _special_tokens(servable),
           "input_format": servable.input_format,
           "reference": "bert_jax.text.tokenization (FullTokenizer: the original BERT tokenizer "
                        "as Hugging Face's slow BertTokenizer) + bert_jax.text.pairs.encode_pairs",
@@ -280,8 +289,17 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
 
 def _vocabulary(servable: Servable) -> Tuple[Optional[str], Optional[str]]:
   """(path of the vocabulary file, its name in the export) or (None, None)."""
-  path = servable.vocab_file or servable.spm_model_file
+  path = servable.vocab_file or servable.spm_model_file or servable.tokenizer_file
   return (path, filesystem.basename(path)) if path else (None, None)
+
+
+def _special_tokens(servable: Servable) -> Dict[str, str]:
+  """BERT's special tokens under the names the vocabulary writes them (a tokenizer.json's own)."""
+  names = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+  if not servable.tokenizer_file:
+    return names
+  found = tokenization.HuggingFaceTokenizer(servable.tokenizer_file).special_tokens
+  return {short: found[name] for short, name in names.items() if name in found}
 
 
 def export_saved_model(servable: Servable, output: str,
@@ -462,6 +480,31 @@ def huggingface_head(servable: Servable) -> Dict[str, np.ndarray]:
   return state
 
 
+def _modern_huggingface_state(servable: Servable, bert: Dict) -> Tuple[str, Dict[str, Any]]:
+  """(transformers class, state without the task's output layer) of a ModernBERT-family model:
+  the encoder under `model.` and the classifier's pooling head (our `bert/pooler`) as `head.`.
+
+  transformers' ModernBertForTokenClassification and ModernBertForQuestionAnswering put that
+  head (dense, activation, norm) on every token before the output layer, which bert_jax's tagging
+  and span heads do not have: those export as a SavedModel only."""
+  kind = servable.kind
+  if kind in _HF_NO_POOLER:
+    raise ValueError(f"{servable.source}: transformers' ModernBERT {kind} class applies a "
+                     "prediction head to every token that bert_jax's head has not; export "
+                     "--format=saved_model")
+  if kind == ENCODER:
+    return "ModernBertModel", checkpoints.huggingface_state(
+        servable.bert_config, {"bert": {k: v for k, v in bert.items() if k != "pooler"}})
+  pooler = bert.pop("pooler")
+  state = {f"model.{k}": v for k, v in
+           checkpoints.huggingface_state(servable.bert_config, {"bert": bert}).items()}
+  for (module, leaf), value in flat_tree(pooler).items():
+    name = "weight" if leaf in ("kernel", "scale") else leaf
+    value = np.asarray(value, np.float32)
+    state[f"head.{module}.{name}"] = np.ascontiguousarray(value.T if leaf == "kernel" else value)
+  return HF_CLASSES[kind].replace("Bert", "ModernBert", 1), state
+
+
 def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
   """Writes the transformers model (`HF_CLASSES[kind]`) and tokenizer files to `output`."""
   if servable.bert_config.causal_attention:
@@ -470,14 +513,22 @@ def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
   bert = dict(servable.params["bert"])
   if servable.kind in _HF_NO_POOLER:
     bert.pop("pooler", None)
-  encoder = checkpoints.huggingface_state(servable.bert_config, {"bert": bert})
-  architecture = HF_CLASSES[servable.kind]
-  hf_config = checkpoints.huggingface_config(servable.bert_config, architecture)
-  if servable.kind == ENCODER:
-    state = encoder
+  if servable.bert_config.is_modern:
+    architecture, state = _modern_huggingface_state(servable, bert)
   else:
-    state = {f"bert.{k}": v for k, v in encoder.items()}
+    architecture = HF_CLASSES[servable.kind]
+    encoder = checkpoints.huggingface_state(servable.bert_config, {"bert": bert})
+    state = encoder if servable.kind == ENCODER else {f"bert.{k}": v for k, v in encoder.items()}
+  if servable.kind != ENCODER:
     state.update(huggingface_head(servable))
+  hf_config = checkpoints.huggingface_config(servable.bert_config, architecture)
+  tokenizer = tokenizer_for(servable)
+  if servable.bert_config.is_modern and tokenizer is not None:
+    # transformers' ModernBertConfig records the special ids (defaults: the released
+    # tokenizer's 50,281...); these are the ids of the vocabulary the model was trained with.
+    hf_config.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
+                     sep_token_id=tokenizer.sep_id, bos_token_id=tokenizer.cls_id,
+                     eos_token_id=tokenizer.sep_id)
   if servable.kind in ("classification", "tagging"):
     labels = list(servable.labels)
     hf_config.update(num_labels=len(labels), id2label={str(i): l for i, l in enumerate(labels)},
@@ -501,8 +552,19 @@ def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
 
 
 def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[str]:
-  """vocab.txt + tokenizer_config.json + special_tokens_map.json (WordPiece only: transformers'
-  BERT tokenizers have no SentencePiece form)."""
+  """vocab.txt + tokenizer_config.json + special_tokens_map.json (WordPiece; transformers' BERT
+  tokenizers have no SentencePiece form), or the model's tokenizer.json with them
+  (`PreTrainedTokenizerFast`, casing in the file's normalizer)."""
+  if servable.tokenizer_file:
+    filesystem.copy(servable.tokenizer_file, filesystem.join(output, "tokenizer.json"))
+    special = {f"{short}_token": token for short, token in _special_tokens(servable).items()}
+    tokenizer_config = dict(special, tokenizer_class="PreTrainedTokenizerFast",
+                            model_max_length=int(servable.max_seq_length))
+    filesystem.write_text(filesystem.join(output, "tokenizer_config.json"),
+                          json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+    filesystem.write_text(filesystem.join(output, "special_tokens_map.json"),
+                          json.dumps(special, indent=2, sort_keys=True) + "\n")
+    return "tokenizer.json"
   if not servable.vocab_file:
     return None
   filesystem.copy(servable.vocab_file, filesystem.join(output, "vocab.txt"))

@@ -1,0 +1,137 @@
+r"""ModernBERT-class pre-training step: bert_jax vs transformers' `ModernBertForMaskedLM`, one run.
+
+  python -m benchmarks.modern_step_throughput --layers=7 --hidden=256 --batch=8 --seq=512
+
+Both sides train the same ModernBERT-family masked LM (pre-norm, GeGLU, rotary positions, every
+third layer global and the others in a `--local_attention`-token window; vocabulary 50,368) on
+the same batch with 30% of the positions masked, AdamW, float32, on the same CPU threads.
+transformers runs its `sdpa` attention with `sparse_prediction=True` (the MLM head only at the
+masked positions, as ModernBERT trains and as bert_jax always does). bert_jax runs the step its
+pre-training job compiles (`tasks/jobs/pretraining.py`; local layers by blocks from 512 tokens).
+
+Useful FLOPs: `model.flops.modern_training_flops` (local layers counted over their band only).
+Utilisation is that over this machine's float32 2048^3 matmul rate, measured in the same run.
+The sides are timed in alternating rounds, best round each (benchmarks/bench_util.py).
+"""
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads.
+from bert_jax.runtime import host_memory  # noqa: E402
+host_memory.keep_freed_memory()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import bench_util  # noqa: E402
+from bert_jax.model import flops  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from experiments import pretrain_modernbert  # noqa: E402
+
+VOCAB, MASK_RATE = 50368, 0.30
+
+
+def model_config(args) -> BertConfig:
+  return BertConfig.named("modernbert-base", num_hidden_layers=args.layers,
+                          hidden_size=args.hidden, num_attention_heads=args.hidden // 64,
+                          intermediate_size=args.hidden * 3 // 2, vocab_size=VOCAB,
+                          local_attention=args.local_attention)
+
+
+def make_batch(batch, seq, predictions, seed=0):
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(10, VOCAB, size=(batch, seq)).astype(np.int32)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids),
+          "segment_ids": np.zeros_like(ids), "masked_lm_positions": positions,
+          "masked_lm_ids": rng.randint(10, VOCAB, size=(batch, predictions)).astype(np.int32),
+          "masked_lm_weights": np.ones((batch, predictions), np.float32),
+          "next_sentence_labels": np.zeros((batch, 1), np.int32)}
+
+
+def jax_step(args, predictions):
+  c = pretrain_modernbert.get_config("size=base")
+  c.model = model_config(args).to_dict()
+  c.model.dtype = "float32"
+  c.max_seq_length, c.max_predictions_per_seq = args.seq, predictions
+  c.global_batch_size, c.num_train_steps, c.warmup_steps = args.batch, 1000, 10
+  job = pretraining.make_job(c)   # the very step a pre-training run trains
+  state = jax.jit(job.init_state)()
+  step = jax.jit(job.train_step, donate_argnums=(0,))
+  data = jax.device_put(make_batch(args.batch, args.seq, predictions))
+  rng = jax.random.PRNGKey(1)
+  holder = [state]
+
+  def one():
+    holder[0], metrics = step(holder[0], data, rng)
+    metrics["loss"].block_until_ready()
+
+  return one
+
+
+def torch_step(args, predictions):
+  import torch
+  import transformers
+  torch.set_num_threads(args.threads)
+  c = model_config(args)
+  config = transformers.ModernBertConfig(
+      vocab_size=VOCAB, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+      local_attention=c.local_attention, global_attn_every_n_layers=3,
+      sparse_prediction=True, attn_implementation="sdpa")
+  model = transformers.ModernBertForMaskedLM(config).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
+                          weight_decay=1e-5)
+  data = make_batch(args.batch, args.seq, predictions)
+  labels = np.full((args.batch, args.seq), -100, np.int64)
+  np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
+  inputs = {"input_ids": torch.tensor(data["input_ids"], dtype=torch.long),
+            "attention_mask": torch.tensor(data["input_mask"], dtype=torch.long),
+            "labels": torch.tensor(labels)}
+
+  def one():
+    opt.zero_grad(set_to_none=True)
+    model(**inputs).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  return one
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--layers", type=int, default=7)
+  parser.add_argument("--hidden", type=int, default=256)
+  parser.add_argument("--local_attention", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq", type=int, default=512)
+  parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
+  parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best counts")
+  parser.add_argument("--threads", type=int, default=os.cpu_count())
+  args = parser.parse_args()
+  predictions = int(round(MASK_RATE * (args.seq - 2)))
+  peak = bench_util.matmul_flops_per_sec()
+  print(f"{bench_util.machine_line()}; float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s",
+        flush=True)
+  sec = bench_util.interleaved_best({"bert_jax": jax_step(args, predictions),
+                                     "transformers": torch_step(args, predictions)},
+                                    rounds=args.rounds, steps=args.steps)
+  useful = flops.modern_training_flops(model_config(args), rows=args.batch, seq_len=args.seq,
+                                       predictions=args.batch * predictions)
+  print(json.dumps({
+      "layers": args.layers, "hidden": args.hidden, "local_attention": args.local_attention,
+      "batch": args.batch, "seq": args.seq, "masked": predictions,
+      "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
+      "transformers_steps_per_sec": round(1 / sec["transformers"], 3),
+      "ratio": round(sec["transformers"] / sec["bert_jax"], 2),
+      "bert_jax_useful_gflops": round(useful / sec["bert_jax"] / 1e9, 1),
+      "utilisation_vs_matmul": round(useful / sec["bert_jax"] / peak, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+  main()
