@@ -60,6 +60,7 @@ def jax_step(args, predictions):
   c.model.dtype = "float32"
   c.max_seq_length, c.max_predictions_per_seq = args.seq, predictions
   c.global_batch_size, c.num_train_steps, c.warmup_steps = args.batch, 1000, 10
+  c.batch_warmup.start_batch_size = 0   # one step of the whole batch (no ramp, no accumulation)
   job = pretraining.make_job(c)   # the very step a pre-training run trains
   state = jax.jit(job.init_state)()
   step = jax.jit(job.train_step, donate_argnums=(0,))

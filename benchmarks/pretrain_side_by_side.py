@@ -167,6 +167,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   c.max_seq_length = seq
   c.max_predictions_per_seq = 8 * math.ceil(c.data.masked_lm_prob * seq / 8)
   c.global_batch_size, c.seed = batch, seed
+  c.batch_warmup.start_batch_size = 0   # every step `batch` rows, as the torch side's
   c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
   # Set whole, not inherited: the experiment's own optimizer (StableAdamW, no clipping, decay
   # scaled by the schedule's shape only) and warmup-stable-decay schedule have no counterpart in

@@ -20,14 +20,18 @@ at 30%. The model is `modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `mod
 The recipe (Warner et al. 2024, section 2.2 and appendix; the values per phase below, each with
 its source): StableAdamW with fully decoupled weight decay and no gradient clipping, a
 warmup-stable-decay schedule (warm-up then constant through pretrain and extend, then a 1-sqrt
-decay as its own phase). Not built yet: the recipe's batch-size warm-up (the global batch is at
-its final size from step 0). The Adam moments start afresh in each phase (a phase reads the
+decay as its own phase), and in the pretrain phase the batch-size warm-up: the global batch rises
+from 768 to 4,608 sequences over the first 50B tokens (base; large: 448 -> 4,928 over 10B), in
+equal steps of the start batch (`config.batch_warmup`, bert_jax/runtime/batch_ramp.py). The
+pretrain phase's steps and learning-rate warm-up steps are counted through that ramp, so they
+train the recipe's tokens. The Adam moments start afresh in each phase (a phase reads the
 previous phase's parameters through init_checkpoint).
 `:quick` is a tiny model on contiguous records built from Python's documentation (no download):
-what the tests run, every phase.
+what the tests run, every phase; its pretrain phase ramps its batch 2 -> 8 over 3 steps.
 """
 from experiments import pretraining_defaults
 from bert_jax.model.config import BertConfig
+from bert_jax.runtime import batch_ramp
 
 # Per phase: (max_seq_length, global_rope_theta, max_predictions_per_seq). ModernBERT section
 # 2.2.3: 1,024 tokens with RoPE theta 10,000, then 8,192 with the global theta 160,000. The
@@ -45,6 +49,9 @@ SIZES = {"base": (8e-4, 4608), "large": (5e-4, 4928)}
 PHASE_TOKENS = {"pretrain": 1.7e12, "extend": 250e9, "decay": 50e9}
 # Warm-up: 3B tokens (base), 2B (large); the later phases start from a trained model.
 WARMUP_TOKENS = {"base": 3e9, "large": 2e9}
+# The pretrain phase's batch warm-up (section 2.2.4): (start batch, tokens) of each size; the
+# batch rises to SIZES' final batch.
+BATCH_WARMUP = {"base": (768, 50e9), "large": (448, 10e9)}
 EXTEND_LEARNING_RATE = 3e-4    # the context extension's (section 2.2.3)
 
 
@@ -73,8 +80,12 @@ def get_config(arg=None):
   # extend, and the decay phase a 1-sqrt decay to 0 over all its steps (section 2.2.3).
   c.schedule.name = "wsd"
   if args["phase"] == "pretrain":
+    c.batch_warmup.start_batch_size, c.batch_warmup.tokens = BATCH_WARMUP[args["size"]]
+    # Steps counted through the ramp: the phase's tokens, and the rate's warm-up tokens.
+    ramp = batch_ramp.from_config(c)
+    c.num_train_steps = ramp.steps_for_tokens(PHASE_TOKENS["pretrain"])
     c.learning_rate = learning_rate
-    c.warmup_steps = int(WARMUP_TOKENS[args["size"]] // tokens_per_step)
+    c.warmup_steps = ramp.steps_for_tokens(WARMUP_TOKENS[args["size"]])
   else:   # started from the previous phase's workdir (--config.init_checkpoint)
     c.learning_rate = EXTEND_LEARNING_RATE
     c.warmup_steps = 0
@@ -103,6 +114,8 @@ def quick(c, phase: str):
   c.max_predictions_per_seq = 40 if phase == "pretrain" else 80
   c.global_batch_size, c.eval_batch_size = 8, 8
   c.num_train_steps, c.warmup_steps = 4, 2 if phase == "pretrain" else 0
+  if phase == "pretrain":   # the batch of the 4 steps: 2, 2, 4, 8 rows (1,024 tokens of ramp)
+    c.batch_warmup.start_batch_size, c.batch_warmup.tokens = 2, 1024.0
   c.log_every_steps, c.checkpoint_every_steps, c.eval_every_steps, c.eval_steps = 2, 2, 4, 2
   c.data.shuffle_buffer_size = 100
   c.data.prepare_demo_corpus = True

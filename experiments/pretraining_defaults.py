@@ -23,6 +23,15 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.eval_before_training = False     # log held-out metrics at step 0 (where training starts)
 
   c.global_batch_size = 256          # sequences per step, all hosts together
+  # Batch-size warm-up by tokens (bert_jax/runtime/batch_ramp.py): the global batch rises from
+  # start_batch_size to global_batch_size (a whole multiple of it) in equal steps of
+  # start_batch_size rows, evenly spaced over the first `tokens` tokens (rows x max_seq_length).
+  # The input yields batches of start_batch_size, a step takes k of them and accumulates the
+  # gradient over them (k x grad_accum_steps micro-batches: a step's memory stays the first
+  # step's). One compile per k. The learning-rate schedule still counts steps. 0 = off.
+  c.batch_warmup = ml_collections.ConfigDict()
+  c.batch_warmup.start_batch_size = 0
+  c.batch_warmup.tokens = 0.0
   c.max_predictions_per_seq = 20
   c.num_train_steps = 1_000_000
   c.warmup_steps = 10_000
@@ -39,6 +48,9 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   c.data.masking = "dynamic"         # dynamic: mask while reading | static: records are masked
   c.data.mask_mixture = "80/10/10"   # MASK/SAME/RND, appendix C.2
   c.data.masked_lm_prob = 0.15
+  # The held-out records' masking rate (dynamic masking): a recipe that trains at another rate
+  # (ModernBERT's 0.30) is still scored at BERT's, on the positions the seed picks.
+  c.data.eval_masked_lm_prob = 0.15
   c.data.whole_word_mask = False
   c.data.shuffle_buffer_size = 10_000
   # Sequence packing (training only; evaluation stays unpacked): several NSP pairs share a row with

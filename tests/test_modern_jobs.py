@@ -119,3 +119,23 @@ def test_last_feature_layer_is_after_the_final_norm(modern_checkpoint):
       {"params": params["bert"]}, ids, mask, output_hidden_states=True)
   assert out["hidden_states"].shape[0] == config.num_hidden_layers + 1
   np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
+
+
+def test_the_demos_modern_twin_shares_its_corpus_and_scoring():
+  demo = importlib.import_module("experiments.pretrain_demo")
+  bert, modern = demo.get_config(), demo.get_config("recipe=modern")
+  assert modern.model.architecture == "modernbert" and modern.objective == "mlm"
+  assert modern.data.masked_lm_prob == 0.30 and modern.optimizer.name == "stable_adamw"
+  for field in ("prepare_demo_corpus", "holdout_every", "dupe_factor", "eval_masked_lm_prob"):
+    assert modern.data[field] == bert.data[field], field
+  assert (modern.model.vocab_size, modern.max_seq_length, modern.global_batch_size) == (
+      bert.model.vocab_size, bert.max_seq_length, bert.global_batch_size)
+  with pytest.raises(ValueError, match="recipe"):
+    demo.get_config("recipe=gpt")
+
+
+def test_the_demos_modern_twin_trains(tmp_path):
+  config = importlib.import_module("experiments.pretrain_demo").get_config("recipe=modern,quick")
+  config.num_train_steps, config.eval_every_steps = 2, 0
+  result = pretraining.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(result["loss"])

@@ -27,7 +27,7 @@ from bert_jax.io import training_checkpoints as tc
 from bert_jax.model import families, flops, kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
-from bert_jax.runtime import config_names, optim, outputs
+from bert_jax.runtime import batch_ramp, config_names, optim, outputs
 from bert_jax.runtime import step as step_core
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
@@ -171,11 +171,28 @@ def pretraining_objective(model, objective: str) -> step_core.Objective:
 
 
 def train_step(state: TrainState, batch, rng, *, model, tx, objective, schedule,
-               grad_accum_steps: int = 1, axis_name: Optional[str] = None):
-  """One optimizer update of pre-training: `runtime.step.train_step` with the paper's loss."""
-  return step_core.train_step(state, batch, rng, objective=pretraining_objective(model, objective),
-                              tx=tx, schedule=schedule, grad_accum_steps=grad_accum_steps,
-                              axis_name=axis_name)
+               grad_accum_steps: int = 1, axis_name: Optional[str] = None,
+               warmup_start_rows: int = 0):
+  """One optimizer update of pre-training: `runtime.step.train_step` with the paper's loss.
+
+  `warmup_start_rows` (the batch warm-up's start batch, all devices together; 0: off): a batch
+  of k such micro-batches is accumulated over k * `grad_accum_steps` micro-batches, so a step
+  on the ramp holds as much in memory at once as its first step, and the update is the whole
+  batch's (`runtime.batch_ramp`). k is read from the batch's shape: one compile per k."""
+  metrics = {}
+  if warmup_start_rows:
+    # Under pmap the step sees this device's rows; under jit the global batch.
+    rows = batch["input_ids"].shape[0] * (jax.device_count() if axis_name else 1)
+    multiple, rest = divmod(rows, warmup_start_rows)
+    if rest or not multiple:
+      raise ValueError(f"a batch of {rows} rows is not a whole number of batch warm-up "
+                       f"micro-batches ({warmup_start_rows} rows)")
+    grad_accum_steps *= multiple
+    metrics["batch_size"] = jnp.asarray(rows, jnp.float32)
+  new_state, step_metrics = step_core.train_step(
+      state, batch, rng, objective=pretraining_objective(model, objective), tx=tx,
+      schedule=schedule, grad_accum_steps=grad_accum_steps, axis_name=axis_name)
+  return new_state, dict(step_metrics, **metrics)
 
 
 def eval_step(params, batch, *, model, objective):
@@ -334,7 +351,8 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
   masking_config, special = None, None
   if config.data.masking == "dynamic" and config.objective != "ltr":
     masking_config = masking.MaskingConfig.from_mixture(
-        config.data.mask_mixture, masked_lm_prob=config.data.masked_lm_prob,
+        config.data.mask_mixture, masked_lm_prob=(config.data.masked_lm_prob if training
+                                                  else config.data.eval_masked_lm_prob),
         max_predictions_per_seq=config.max_predictions_per_seq,
         whole_word_mask=config.data.whole_word_mask)
     tokenizer = tokenization.create_tokenizer(
@@ -343,8 +361,13 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
         tokenizer_file=config.tokenizer.tokenizer_file or None,
         do_lower_case=config.tokenizer.do_lower_case)
     special = masking.SpecialTokens.from_tokenizer(tokenizer)
+  ramp = batch_ramp.from_config(config)
+  # With the batch warm-up the training input yields micro-batches of its start size (a step
+  # takes as many as the ramp says: `_training_batches`).
+  rows = ((ramp.start if ramp else config.global_batch_size) if training
+          else config.eval_batch_size)
   return input_pipeline.create_pretraining_dataset(
-      files, global_batch_size=config.global_batch_size if training else config.eval_batch_size,
+      files, global_batch_size=rows,
       max_seq_length=config.max_seq_length,
       max_predictions_per_seq=config.max_predictions_per_seq, masking=masking_config,
       special=special, seed=config.seed, is_training=training,
@@ -378,17 +401,18 @@ def _throughput(config) -> Throughput:
 
   def count(batch):  # host numpy: no device sync
     return {"pairs": _pairs_in(batch), "real_tokens": float(np.sum(batch["input_mask"])),
-            "packed": float(packing.NSP_WEIGHTS in batch)}
+            "rows": float(len(batch["input_ids"])), "packed": float(packing.NSP_WEIGHTS in batch)}
 
   def rates(sums, steps, seconds):
     pairs = sums["pairs"] * hosts
+    rows = sums["rows"] * hosts   # the rows each step trained (the batch warm-up varies them)
     # tokens_per_sec counts row positions (padding included); real_tokens_per_sec only the
     # non-padding tokens, the throughput that packing raises.
     rates = dict(sequences_per_sec=pairs / seconds,
-                 tokens_per_sec=steps * config.global_batch_size * config.max_seq_length / seconds,
+                 tokens_per_sec=rows * config.max_seq_length / seconds,
                  real_tokens_per_sec=sums["real_tokens"] * hosts / seconds)
     if sums["packed"]:
-      rates["pairs_per_row"] = pairs / (steps * config.global_batch_size)
+      rates["pairs_per_row"] = pairs / rows
     return rates
 
   return Throughput(count, rates)
@@ -466,12 +490,43 @@ def model_flops(config, rows: int) -> float:
       predictions=rows * config.max_predictions_per_seq, pairs=pairs)
 
 
+class RampedBatches:
+  """The batch warm-up's input: step s takes `ramp.multiple(s)` micro-batches of the start
+  size from the tf.data iterator, concatenated. The checkpointed position is the iterator's
+  (micro-batches); a replay to step s (a moved workdir) skips the micro-batches before it."""
+
+  def __init__(self, iterator, ramp: batch_ramp.BatchRamp):
+    self.iterator, self.ramp = iterator, ramp
+
+  def next_batch(self, step: int):
+    parts = [next(self.iterator) for _ in range(self.ramp.multiple(step))]
+    if len(parts) == 1:
+      return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+  def skip(self, steps: int) -> None:
+    self.iterator.skip(self.ramp.micro_batches_before(steps))
+
+  def save(self, directory: str) -> None:
+    self.iterator.save(directory)
+
+  def restore(self, directory: str) -> None:
+    self.iterator.restore(directory)
+
+  def close(self) -> None:
+    self.iterator.close()
+
+
 def _training_batches(config) -> Batches:
   """The training records through tf.data; the iterator's position is saved with checkpoints."""
   from data_pipelines import input_pipeline
   iterator = input_pipeline.PipelineIterator(lambda: input_pipeline_for(config, training=True),
                                              source=config.data.input_files,
                                              spec=record_spec(config, training=True))
+  ramp = batch_ramp.from_config(config)
+  if ramp is not None:
+    ramped = RampedBatches(iterator, ramp)
+    return Batches(ramped.next_batch, ramped)
   return Batches(lambda step: next(iterator), iterator)
 
 
@@ -508,7 +563,8 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       init_state=lambda: create_train_state(config, model, tx, init_rng),
       param_axes=param_axes,
       train_step=functools.partial(train_step, model=model, tx=tx, objective=config.objective,
-                                   schedule=schedule, grad_accum_steps=config.grad_accum_steps),
+                                   schedule=schedule, grad_accum_steps=config.grad_accum_steps,
+                                   warmup_start_rows=config.batch_warmup.start_batch_size),
       eval_step=eval_fn,
       example_batch=functools.partial(example_batch, config),
       example_eval_batch=functools.partial(_example_eval_batch, config),
@@ -524,7 +580,7 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       warm_start=(functools.partial(_from_init_checkpoint, config, tx)
                   if config.init_checkpoint else None),
       throughput=_throughput(config),
-      console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"))
+      console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "batch_size"))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
