@@ -33,9 +33,10 @@ Array = Any
 _MASK_VALUE = -1e9
 
 
-def activation(config: BertConfig):
-  """`config.hidden_act` as a function."""
-  name = config.hidden_act
+def activation(config: BertConfig, name: Optional[str] = None):
+  """The activation `name` (default `config.hidden_act`) as a function, in the form
+  `config.kernels` picks."""
+  name = name or config.hidden_act
   if name == "gelu":
     return _kernels(config).gelu
   if name in ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):

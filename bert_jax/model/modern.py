@@ -83,10 +83,6 @@ def _norm(config: BertConfig, name: str) -> nn.Module:
                                                              ("embed",)), name=name)
 
 
-def activation(config: BertConfig, name: str):
-  return modeling.activation(config.replace(hidden_act=name))
-
-
 # ----------------------------------------------------------------------------------- rotary
 
 
@@ -229,7 +225,7 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x, deterministic: bool):
     c = self.config
-    act = activation(c, c.hidden_act)
+    act = modeling.activation(c, c.hidden_act)
     width = c.intermediate_size * (2 if c.glu else 1)
     h = _dense(c, width, ("embed", "mlp"), "Wi", c.mlp_bias)(x)               # [B, S, I or 2I]
     if c.glu:
@@ -480,7 +476,7 @@ class PredictionTransform(nn.Module):
     c = self.config
     h = _dense(c, c.hidden_size, ("embed", "embed_out"), "dense", c.classifier_bias,
                residual_std(c))(hidden)
-    return _norm(c, "norm")(activation(c, c.classifier_activation)(h))
+    return _norm(c, "norm")(modeling.activation(c, c.classifier_activation)(h))
 
 
 class MaskedLMHead(nn.Module):

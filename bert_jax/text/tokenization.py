@@ -88,6 +88,17 @@ def convert_by_vocab(vocab, items) -> list:
   return [vocab[item] for item in items]
 
 
+def ids_to_tokens(inv_vocab: Dict[int, str], ids: Iterable[int], source: str) -> List[str]:
+  """The tokens of `ids`; an id outside the vocabulary is an error naming `source`."""
+  out = []
+  for i in ids:
+    i = int(i)
+    if i not in inv_vocab:
+      raise ValueError(f"Token id {i} is out of range for {source} ({len(inv_vocab)} entries)")
+    out.append(inv_vocab[i])
+  return out
+
+
 def whitespace_tokenize(text: str) -> List[str]:
   """Splits on Python whitespace (`str.split()`), as the reference does."""
   return text.split()
@@ -405,15 +416,7 @@ class FullTokenizer:
     return [vocab.get(token, unk) for token in tokens]
 
   def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
-    inv = self.inv_vocab
-    out = []
-    for i in ids:
-      i = int(i)
-      if i not in inv:
-        raise ValueError(f"Token id {i} is out of range for the vocabulary {self.vocab_file} "
-                         f"({self.vocab_size} entries)")
-      out.append(inv[i])
-    return out
+    return ids_to_tokens(self.inv_vocab, ids, f"the vocabulary {self.vocab_file}")
 
   def is_word_continuation(self, token: str) -> bool:
     """True for a '##x' piece, which continues the word of the previous token."""
@@ -754,15 +757,7 @@ class HuggingFaceTokenizer:
     return out
 
   def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
-    inv = self.inv_vocab
-    out = []
-    for i in ids:
-      i = int(i)
-      if i not in inv:
-        raise ValueError(f"Token id {i} is out of range for {self.tokenizer_file} "
-                         f"({self.vocab_size} entries)")
-      out.append(inv[i])
-    return out
+    return ids_to_tokens(self.inv_vocab, ids, str(self.tokenizer_file))
 
   def is_word_continuation(self, token: str) -> bool:
     """Whether `token` continues the word of the token before it (whole-word masking).
