@@ -17,7 +17,7 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
-# comparison then reuse freed host memory (bert_jax/host_memory.py).
+# comparison then reuse freed host memory (bert_jax/runtime/host_memory.py).
 from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 

@@ -57,7 +57,7 @@ def initial_head(config, task):
   from bert_jax.tasks.framework import finetuning
   from bert_jax.tasks.datasets import glue
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
-  model = finetuning.FineTuningModel(loaded_config, glue.get_task(config).make_head())
+  model = finetuning.FineTuningModel(loaded_config, glue.GlueTask(config).make_head())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
   sample = {"input_ids": np.zeros((1, 8), np.int32), "input_mask": np.ones((1, 8), np.int32),
             "segment_ids": np.zeros((1, 8), np.int32),
@@ -77,7 +77,7 @@ def run_torch(args, task: str, seed: int):
   torch.set_num_threads(args.threads)
   config = jax_config(args, task, seed)
   spec = glue.spec_for(task)
-  gtask = glue.get_task(config)
+  gtask = glue.GlueTask(config)
   bert_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   train_ex = list(gtask.read_examples("train"))[:args.train_examples]

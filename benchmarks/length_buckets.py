@@ -48,7 +48,7 @@ def config_for(args, task: str, bucket: int):
 def dev_pass(config, workdir: str):
   """(seconds of one whole-dev-set prediction pass with the run's best parameters, compiled
   beforehand; mean real length of the dev rows)."""
-  task = glue.get_task(config)
+  task = glue.GlueTask(config)
   loaded, _ = checkpoints.load_pretrained(config.init_checkpoint)
   bert_config = finetuning.bert_config_for(config, loaded)
   tokenizer = finetuning.create_tokenizer(config, bert_config)

@@ -4,6 +4,8 @@ r"""Pre-training step for step: bert_jax vs `transformers`, same everything.
     --dropout_seeds=3 --out=/tmp/pretrain_side_by_side
   python -m benchmarks.pretrain_side_by_side --family=modernbert --size=mini --steps=300 \
     --batch=32 --seq=128 --dropout_seeds=0 --out=/tmp/modern_side_by_side
+  python -m benchmarks.pretrain_side_by_side --family=modernbert --size=mini --steps=300 \
+    --batch=32 --seq=128 --optimizer=stable_adamw --dropout_seeds=0 --out=/tmp/modern_stable
 
 Why: a loss curve that merely "looks like" the reference's can hide a wrong loss weighting,
 schedule, clipping or optimizer detail for a long time. Here both sides start from the same
@@ -53,8 +55,16 @@ rounding, and any difference in the recipe shows up within a few steps.
              aside), with each step's rate set to bert_jax's schedule(t). Weight decay 0.01,
              not the recipe's 1e-5: at 1e-5 the decay moves a weight by ~1e-6 over 300 steps, less
              than the comparison resolves, so a decay on the wrong tensors would pass unseen.
-             The experiment itself trains with StableAdamW (optimi's), without clipping and with
-             warmup-stable-decay; torch.optim has no StableAdamW, so those are not compared here.
+  --optimizer=stable_adamw: the experiment's own optimizer and schedule instead: StableAdamW
+             (betas 0.9, 0.98, eps 1e-6), fully decoupled weight decay (1e-4 here: the
+             recipe's 1e-5 moves a weight by ~1e-6 over 300 steps, below what the comparison
+             resolves), no gradient clipping, warmup-stable-decay with a 1-sqrt decay over the
+             last 20% of the steps. The PyTorch side is `optimi.StableAdamW` (torch-optimi, the
+             optimizer ModernBERT's own training code uses; decouple_lr=True, max_lr = the peak
+             rate, no Kahan summation in float32), in the same two param groups, each step's
+             rate set to bert_jax's schedule(t). The summary counts the (tensor, step) pairs
+             whose update was clipped (RMS_t > 1, and > 1.05), so a run that never clips cannot
+             pass for a test of the clipping.
   [PAD]      transformers' token embedding has padding_idx=pad_token_id (so has ModernBERT's
              own training code): a lookup of [PAD] adds no gradient to its row, and bert_jax's
              ModernBERT embedding does the same (BERT's, as the original BERT's, does not). It
@@ -104,6 +114,7 @@ import numpy as np  # noqa: E402
 from benchmarks import bench_util  # noqa: E402
 
 FAMILIES = ("bert", "modernbert")
+OPTIMIZERS = ("adamw", "stable_adamw")   # --family=modernbert's PyTorch sides
 LOSSES = ("loss", "mlm_loss", "nsp_loss")   # BERT's; `losses_of(config)` for either family
 CURVES = LOSSES + ("grad_norm",)     # compared step by step; grad_norm: before clipping
 # Tensors whose gradient is zero in exact arithmetic: a key bias adds q . b_k to every logit of a
@@ -145,7 +156,8 @@ MODERN_SHAPES = {"tiny": (4, 64, 2, 96), "mini": (4, 128, 2, 192), "small": (4, 
 
 def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
                   lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
-                  kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000):
+                  kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000,
+                  optimizer: str = "adamw"):
   """experiments/pretrain_modernbert.py:quick's data (contiguous demo-corpus rows masked at 30%)
   on the whole corpus, the model at MODERN_SHAPES[size] in float32, AdamW with bias correction,
   and the schedule over exactly `steps` steps (module docstring: what else is set and why)."""
@@ -177,6 +189,12 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
                      fully_decoupled_weight_decay=False)
   c.schedule.update(name="bert", decay_steps=0, decay_fraction=0.0, decay_shape="linear",
                     final_fraction=0.0)
+  if optimizer == "stable_adamw":    # the experiment's optimizer and schedule (module docstring)
+    c.optimizer.update(name="stable_adamw", weight_decay=1e-4, clip_grad_norm=0.0,
+                       fully_decoupled_weight_decay=True)
+    c.schedule.update(name="wsd", decay_fraction=0.2, decay_shape="1-sqrt")
+  elif optimizer != "adamw":
+    raise ValueError(f"--optimizer={optimizer!r}: expected one of {list(OPTIMIZERS)}")
   c.data.demo_max_documents = 0                    # the whole corpus: 300 steps x 32 rows
   c.data.shuffle_buffer_size = 1000
   set_dropout(c, dropout)
@@ -270,6 +288,7 @@ class Run:
   learning_rates: np.ndarray         # [steps]
   seconds: float                     # wall clock of the steps (compilation included for jax)
   final: object = None               # jax params tree, or the torch model
+  clipped: Optional[Dict[str, int]] = None   # StableAdamW: clipped (tensor, step) pairs, of all
 
 
 def _progress(side: str, step: int, loss: float, start: float, every: int = 50) -> None:
@@ -454,20 +473,12 @@ class TorchAdamW:
 
   def __init__(self, model, opt_config, decay_names: Optional[Callable] = None):
     import torch
-    transformers = _quiet_transformers()
     if (opt_config.name != "adamw" or not opt_config.bias_correction
         or opt_config.fully_decoupled_weight_decay):
       raise ValueError("the PyTorch side of ModernBERT is torch.optim.AdamW: config.optimizer "
                        "name='adamw', bias_correction=True, fully_decoupled_weight_decay=False")
     self.opt = opt_config
-    if decay_names is None:   # an unbound method that reads nothing of its Trainer
-      decay_names = functools.partial(transformers.Trainer.get_decay_parameter_names, None)
-    decayed = set(decay_names(model))
-    self.named = list(model.named_parameters())       # the tied decoder weight appears once
-    groups = [dict(params=[p for name, p in self.named if name in decayed],
-                   weight_decay=opt_config.weight_decay),
-              dict(params=[p for name, p in self.named if name not in decayed],
-                   weight_decay=0.0)]
+    self.named, groups = decay_groups(model, opt_config.weight_decay, decay_names)
     self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=(opt_config.b1, opt_config.b2),
                                        eps=opt_config.eps)
 
@@ -486,6 +497,77 @@ class TorchAdamW:
     return float(norm)
 
 
+def decay_groups(model, weight_decay: float, decay_names: Optional[Callable] = None) -> list:
+  """(named parameters, two param groups): weight decay by transformers' own rule (`Trainer.
+  get_decay_parameter_names`: not on biases and norms, as bert_jax's `decay_mask`), or by
+  `decay_names` (model -> names; the tests' changed recipes). The tied decoder weight appears
+  once."""
+  transformers = _quiet_transformers()
+  if decay_names is None:   # an unbound method that reads nothing of its Trainer
+    decay_names = functools.partial(transformers.Trainer.get_decay_parameter_names, None)
+  decayed = set(decay_names(model))
+  named = list(model.named_parameters())
+  return named, [dict(params=[p for name, p in named if name in decayed],
+                      weight_decay=weight_decay),
+                 dict(params=[p for name, p in named if name not in decayed], weight_decay=0.0)]
+
+
+class TorchStableAdamW:
+  """`optimi.StableAdamW` (torch-optimi: ModernBERT's own optimizer) in the param groups of
+  `decay_groups`, fully decoupled weight decay against the peak rate, the rate of each step set
+  to bert_jax's schedule(t). `clipped` counts the (tensor, step) pairs whose update StableAdamW
+  clipped (RMS_t > 1, recomputed from the gradient and optimi's second moment)."""
+
+  def __init__(self, model, opt_config, peak_learning_rate: float,
+               decay_names: Optional[Callable] = None):
+    try:
+      import optimi
+    except ImportError as e:
+      raise ImportError("--optimizer=stable_adamw compares with optimi.StableAdamW: "
+                        "pip install torch-optimi (a test extra)") from e
+    if (opt_config.name != "stable_adamw" or opt_config.clip_grad_norm
+        or not opt_config.fully_decoupled_weight_decay):
+      raise ValueError("the PyTorch side is optimi.StableAdamW with decouple_lr: config.optimizer"
+                       " name='stable_adamw', clip_grad_norm=0, fully_decoupled_weight_decay=True")
+    self.opt = opt_config
+    self.named, groups = decay_groups(model, opt_config.weight_decay, decay_names)
+    # foreach and triton off: the one-tensor-at-a-time update, every operation in float32.
+    self.optimizer = optimi.StableAdamW(
+        groups, lr=peak_learning_rate, betas=(opt_config.b1, opt_config.b2), eps=opt_config.eps,
+        decouple_lr=True, max_lr=peak_learning_rate, kahan_sum=False, foreach=False,
+        triton=False)
+    self.clipped = 0          # RMS_t > 1
+    self.clipped_5pct = 0     # RMS_t > 1.05: the rate cut by more than 5%
+    self.updates = 0
+
+  def step(self, lr: float) -> float:
+    """Applies one update from the current .grad fields; returns the global gradient norm."""
+    import torch
+    grads = [p.grad.detach().clone() for _, p in self.named]
+    norm = float(torch.sqrt(sum(torch.sum(g * g) for g in grads)))
+    for group in self.optimizer.param_groups:
+      group["lr"] = lr
+    self.optimizer.step()
+    self.optimizer.zero_grad(set_to_none=True)
+    eps_sq = self.opt.eps ** 2
+    with torch.no_grad():
+      for (_, p), g in zip(self.named, grads):
+        v = self.optimizer.state[p]["exp_avg_sq"]     # optimi keeps it bias-corrected
+        rms = torch.sqrt(torch.mean(g * g / torch.clamp(v, min=eps_sq)))
+        self.clipped += int(rms > 1.0)
+        self.clipped_5pct += int(rms > 1.05)
+    self.updates += len(self.named)
+    return norm
+
+
+def modern_torch_optimizer(model, config, decay_names: Optional[Callable] = None):
+  """ModernBERT's PyTorch optimizer for `config.optimizer.name`: torch.optim.AdamW or
+  optimi.StableAdamW (`--optimizer`)."""
+  if config.optimizer.name == "stable_adamw":
+    return TorchStableAdamW(model, config.optimizer, config.learning_rate, decay_names)
+  return TorchAdamW(model, config.optimizer, decay_names)
+
+
 class TorchSide(NamedTuple):
   """One family's PyTorch side: the transformers model, bert_jax's losses on it (in
   `losses_of` order), the optimizer (`step(lr)` -> gradient norm before clipping)."""
@@ -494,9 +576,10 @@ class TorchSide(NamedTuple):
   optimizer: Callable
 
 
-TORCH_SIDES = {"bert": TorchSide(load_torch_model, torch_losses, OriginalAdamW),
+TORCH_SIDES = {"bert": TorchSide(load_torch_model, torch_losses,
+                                 lambda model, config: OriginalAdamW(model, config.optimizer)),
                "modernbert": TorchSide(load_modern_torch_model, modern_torch_losses,
-                                       TorchAdamW)}
+                                       modern_torch_optimizer)}
 
 
 def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
@@ -512,7 +595,7 @@ def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
     torch.manual_seed(dropout_seed)
   side = TORCH_SIDES[family_of(config)]
   model = side.load(directory, train=dropout_seed is not None)
-  optimizer = side.optimizer(model, config.optimizer)
+  optimizer = side.optimizer(model, config)
   losses = losses_of(config)
   history = {name: [] for name in losses + ("grad_norm",)}
   start = time.perf_counter()
@@ -524,7 +607,11 @@ def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
       history[name].append(float(value.detach()))
     _progress("torch", len(history["loss"]), history["loss"][-1], start)
   seconds = time.perf_counter() - start
-  return Run({name: np.array(v) for name, v in history.items()}, np.asarray(lrs), seconds, model)
+  clipped = (dict(clipped=optimizer.clipped, clipped_5pct=optimizer.clipped_5pct,
+                  updates=optimizer.updates)
+             if hasattr(optimizer, "clipped") else None)
+  return Run({name: np.array(v) for name, v in history.items()}, np.asarray(lrs), seconds, model,
+             clipped)
 
 
 # ----------------------------------------------------------------------------------- comparing
@@ -594,6 +681,7 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
                                             os.path.join(workdir, "hf_final_bert_jax")),
                                    theirs.final, initial),
                 seconds=dict(bert_jax=ours.seconds, torch=theirs.seconds),
+                stable_adamw_clipped=theirs.clipped,
                 curves=dict(bert_jax={k: v.tolist() for k, v in ours.losses.items()},
                             torch={k: v.tolist() for k, v in theirs.losses.items()},
                             learning_rate=lrs.tolist()))
@@ -728,7 +816,7 @@ def _svg_plot(series: Sequence[tuple], path: str, title: str) -> str:
 
 
 def model_line(args, config) -> str:
-  m, o = config.model, config.optimizer
+  m = config.model
   if family_of(config) == "bert":
     return (f"BERT-{args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
             f"A={m.num_attention_heads}, vocab {m.vocab_size})")
@@ -737,16 +825,35 @@ def model_line(args, config) -> str:
           f"A={m.num_attention_heads}, GLU {m.intermediate_size}, layers "
           f"{', '.join(map(str, global_layers))} global, the others in a "
           f"{m.local_attention}-token window, rotary bases {m.global_rope_theta:g} / "
-          f"{m.local_rope_theta:g}, vocab {m.vocab_size}; AdamW with bias correction, betas "
-          f"{o.b1:g}/{o.b2:g}, eps {o.eps:g}, weight decay {o.weight_decay:g} off biases and "
-          f"norms)")
+          f"{m.local_rope_theta:g}, vocab {m.vocab_size}; {optimizer_line(config)})")
+
+
+def optimizer_line(config) -> str:
+  o = config.optimizer
+  if o.name == "stable_adamw":
+    return (f"StableAdamW, betas {o.b1:g}/{o.b2:g}, eps {o.eps:g}, fully decoupled weight decay "
+            f"{o.weight_decay:g} off biases and norms, no clipping")
+  return (f"AdamW with bias correction, betas {o.b1:g}/{o.b2:g}, eps {o.eps:g}, weight decay "
+          f"{o.weight_decay:g} off biases and norms")
+
+
+def schedule_line(args, config) -> str:
+  if config.schedule.name == "wsd":
+    return (f"warm-up {args.warmup}, constant, {config.schedule.decay_shape} decay to 0 over the "
+            f"last {optim_decay_steps(config)} of {args.steps} steps")
+  return f"warm-up {args.warmup}, linear decay to 0 at step {args.steps}"
+
+
+def optim_decay_steps(config) -> int:
+  from bert_jax.runtime import optim
+  return optim.decay_steps_of(config.schedule, config.num_train_steps)
 
 
 def markdown(args, config, result) -> str:
   p = result["parity"]
   lines = [f"{model_line(args, config)}, batch "
            f"{args.batch} x seq {args.seq}, {config.max_predictions_per_seq} predictions, "
-           f"lr {args.lr:g} (warm-up {args.warmup}, linear decay to 0 at step {args.steps}), "
+           f"lr {args.lr:g} ({schedule_line(args, config)}), "
            f"float32, kernels={config.model.kernels}. {result['machine']}.", "",
            f"Dropout off, {p['steps']} steps (wall clock: bert_jax {p['seconds']['bert_jax']:.0f} "
            f"s, PyTorch {p['seconds']['torch']:.0f} s):", "",
@@ -766,6 +873,11 @@ def markdown(args, config, result) -> str:
              if family_of(config) == "bert" else
              f". [PAD] as an input at a real position (masking's random replacement): "
              f"{p['pad_inputs']} times (no lookup gradient into its row on either side).")]
+  if p.get("stable_adamw_clipped"):
+    c = p["stable_adamw_clipped"]
+    lines.append(f"StableAdamW (optimi.StableAdamW on the PyTorch side) clipped {c['clipped']} of "
+                 f"{c['updates']} tensor updates (RMS_t > 1), {c['clipped_5pct']} by more than 5% "
+                 f"(RMS_t > 1.05).")
   lines.append(f"Asserted: per-step loss rel <= {args.loss_rtol:g}, parameters abs <= "
                f"{args.param_atol:g}: **{'pass' if result['pass'] else 'FAIL'}**.")
   d = result.get("dropout")
@@ -807,6 +919,9 @@ def main():
   parser.add_argument("--kernels", default="auto", help="config.model.kernels of bert_jax")
   parser.add_argument("--local_attention", type=int, default=32,
                       help="modernbert: the local layers' window, in tokens (total width)")
+  parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                      help="modernbert: torch.optim.AdamW (clipped, bert schedule) or the "
+                           "experiment's StableAdamW and warmup-stable-decay (optimi's)")
   parser.add_argument("--dropout_seeds", type=int, default=3, help="0: parity run only")
   parser.add_argument("--window", type=int, default=50, help="steps averaged (dropout study)")
   parser.add_argument("--loss_rtol", type=float, default=1e-4)
@@ -828,7 +943,7 @@ def main():
   else:
     config = modern_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
                            seed=args.seed, kernels=args.kernels,
-                           local_attention=args.local_attention)
+                           local_attention=args.local_attention, optimizer=args.optimizer)
   prepare_data(config, args.out)
   batches = take_batches(config, args.steps)
   print(f"{len(batches)} batches of {args.batch} x {args.seq}; vocab {config.model.vocab_size}",
@@ -859,7 +974,8 @@ def summary(config, result) -> Dict[str, object]:
   line.update(param_tensors=q["tensors"], param_max_abs=q["max_abs"],
               param_max_abs_name=q["max_abs_name"], param_max_rel=q["max_rel"],
               param_max_rel_name=q["max_rel_name"], param_max_rel_to_change=q["max_rel_to_change"],
-              pad_inputs=p["pad_inputs"], seconds=p["seconds"])
+              pad_inputs=p["pad_inputs"], seconds=p["seconds"],
+              stable_adamw_clipped=p.get("stable_adamw_clipped"))
   line["pass"] = result["pass"]
   return line
 

@@ -94,7 +94,7 @@ def run_torch(args, files):
   torch.manual_seed(args.seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, files)
-  task = squad.get_task(config)
+  task = squad.SquadTask(config)
   bert_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   tokenizer = finetuning.create_tokenizer(config, bert_config)
   train_ex = list(task.read_examples("train"))[:args.train_examples]

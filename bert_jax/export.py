@@ -38,11 +38,20 @@ _PLATFORMS = flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Casing of a pre-trained checkpoint "
                                    "(default: its tokenizer_config.json, else true); a fine-tuned "
                                    "model's is the run's.")
+_ALLOW_PICKLE = flags.DEFINE_bool("allow_pickle", False, "Read a PyTorch pickle checkpoint "
+                                  "(pytorch_model.bin) as --model: a pickle can run code when "
+                                  "loaded, so only for a source you trust.")
 flags.mark_flags_as_required(["model", "output"])
 
 
 def main(argv):
   del argv
+  # A bucket name Cloud Storage rejects: said now, not after the model is built.
+  remote_storage.check_paths({"--model": _MODEL.value, "--output": _OUTPUT.value},
+                             written=["--output"])
+  if _ALLOW_PICKLE.value:
+    from bert_jax.io import checkpoints
+    checkpoints.trust_pickle_files()
   from bert_jax.tasks.tools import serving
   description = serving.export(_MODEL.value, _FORMAT.value, _OUTPUT.value, dtype=_DTYPE.value,
                                do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value)

@@ -166,12 +166,24 @@ def define_flags():
                     "Write one pooled sentence vector per line instead of per-token features.")
   flags.DEFINE_integer("length_bucket", 0, "0: every batch padded to --max_seq_length. N > 0: "
                        "each batch to the smallest multiple of N holding its longest line.")
+  flags.DEFINE_bool("allow_pickle", False, "Read a PyTorch pickle checkpoint "
+                    "(pytorch_model.bin) as --init_checkpoint: a pickle can run code when "
+                    "loaded, so only for a source you trust.")
   flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 
 def main(argv):
   del argv
+  from bert_jax.io import remote_storage
   from bert_jax.text import tokenization
+  # A bucket name Cloud Storage rejects: said now, not after the checkpoint is loaded.
+  remote_storage.check_paths(
+      {f"--{name}": FLAGS[name].value for name in ("input_file", "output_file",
+                                                  "init_checkpoint", "vocab_file",
+                                                  "spm_model_file", "tokenizer_file")},
+      written=["--output_file"])
+  if FLAGS.allow_pickle:
+    checkpoints.trust_pickle_files()
   files = (FLAGS.vocab_file, FLAGS.spm_model_file, FLAGS.tokenizer_file)
   if not any(files):   # the vocab.txt, spm.model or tokenizer.json beside the checkpoint
     files = checkpoints.find_vocab(FLAGS.init_checkpoint)

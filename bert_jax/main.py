@@ -14,7 +14,7 @@ from bert_jax.runtime import cluster, host_memory
 cluster.scrub_placeholders()
 
 # Before any library starts a thread: each step's host temporaries are then reused, not faulted
-# in again (see bert_jax/host_memory.py; BERT_JAX_KEEP_HOST_MEMORY=0 turns it off).
+# in again (see bert_jax/runtime/host_memory.py; BERT_JAX_KEEP_HOST_MEMORY=0 turns it off).
 host_memory.keep_freed_memory()
 # TensorFlow (the input pipeline) must never take the accelerators from JAX.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,12 +48,37 @@ _COMPILE_FOR = flags.DEFINE_string(
     "WORKDIR/compile_report.json (bert_jax/tasks/tools/compile_report.py).")
 _FIND_MAX_BATCH = flags.DEFINE_bool(
     "find_max_batch", False, "With --compile_for: search the largest global batch that fits.")
+_ALLOW_PICKLE = flags.DEFINE_bool(
+    "allow_pickle", False, "Load a PyTorch pickle checkpoint (pytorch_model.bin) as "
+    "config.init_checkpoint: a pickle can run code when loaded, so only for a source you trust "
+    "(safetensors need no flag).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _string_fields(tree, prefix=""):
+  """(dotted name, value) of every string field of a config dict, nested ones included."""
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      yield from _string_fields(value, f"{prefix}{name}.")
+    elif isinstance(value, str):
+      yield prefix + name, value
+
+
+def _check_storage_paths(config, workdir: str) -> None:
+  """Every gs:// path of the command, against Cloud Storage's bucket naming rules, before
+  anything starts: TensorStore refuses a bad name only at the first checkpoint."""
+  paths = {f"--config.{name}": value for name, value in _string_fields(config.to_dict())}
+  paths["--workdir"] = workdir
+  remote_storage.check_paths(paths, written=["--workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  _check_storage_paths(_CONFIG.value, _WORKDIR.value)
+  if _ALLOW_PICKLE.value:
+    from bert_jax.io import checkpoints
+    checkpoints.trust_pickle_files()
   if not flags.FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint step at INFO; our progress lines are printed.
     logging.set_verbosity(logging.WARNING)

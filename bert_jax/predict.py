@@ -42,6 +42,9 @@ flags.mark_flags_as_required(["model", "input", "output"])
 
 def main(argv):
   del argv
+  # A bucket name Cloud Storage rejects: said now, not after the model is loaded.
+  remote_storage.check_paths({"--model": _MODEL.value, "--input": _INPUT.value,
+                              "--output": _OUTPUT.value}, written=["--output"])
   from bert_jax.tasks.tools import fine_tuned, prediction
   overrides = {"dtype": _DTYPE.value} if _DTYPE.value else {}
   model = fine_tuned.load(_MODEL.value, **overrides)

@@ -12,8 +12,15 @@ rejected (their rows are full already).
 
 Determinism: every shuffle is seeded and the masking seed of a batch is (seed, batch index), so
 the same seed gives the same batches, and `PipelineIterator.save/restore` (tf.data iterator
-checkpoints) resumes exactly where a run stopped. Evaluation makes one ordered pass and pads the
-last partial batch, marking real rows with `example_weight` 1.0 and padding rows with 0.0.
+checkpoints) resumes exactly where a run stopped. The saved position names the files by their
+path below the inputs' common folder (`relative_inputs`), never absolutely: a copied workdir
+resumes on its own files, exactly, whether its source is still there, changed or gone. Beside it,
+`position.json` records each input file's name, size and first bytes' digest (a position saved
+over other files is not applied to these: `InputMovedError`, the caller replays to the step)
+and the digests of the position's own files (damaged: `CheckpointDamagedError`).
+
+Evaluation makes one ordered pass and pads the last partial batch, marking real rows with
+`example_weight` 1.0 and padding rows with 0.0.
 
 Packing (training only, `packing=PackingConfig(...)`, config.data.packing): records are batched
 into windows of `packing.window` instances instead, parsed and masked per window (seed: window
@@ -26,15 +33,21 @@ metrics are those of the unpacked data and comparable across runs with and witho
 """
 import atexit
 import concurrent.futures
+import hashlib
+import json
 import re
 import time
 import weakref
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
+# The one-file reader inside tf.data.TFRecordDataset, which wraps it in a FlatMap over the file
+# names: that FlatMap's saved state holds the name it read, absolute, and a restore reopens that
+# path (a copied workdir read its source's files). This reader's state is an offset alone.
+from tensorflow.python.data.ops.readers import _TFRecordDataset as _OneFileRecords
 
-from bert_jax.io import filesystem, training_checkpoints
+from bert_jax.io import file_digests, filesystem, training_checkpoints
 from data_pipelines import features as F
 from data_pipelines import masking as M
 from data_pipelines import packing as P
@@ -46,6 +59,8 @@ except (RuntimeError, ValueError):  # already initialised, or no such device typ
   pass
 
 EXAMPLE_WEIGHT = "example_weight"
+# Beside a saved position: its files' digests and the input files it was saved over.
+POSITION_FILE = "position.json"
 
 
 def expand_patterns(file_patterns: Union[str, Sequence[str]]) -> list:
@@ -61,6 +76,42 @@ def expand_patterns(file_patterns: Union[str, Sequence[str]]) -> list:
   if not files:
     raise FileNotFoundError("No input files given")
   return files
+
+
+def relative_inputs(files: Sequence[str]) -> Tuple[str, List[str]]:
+  """(prefix, names), each file being prefix + name: the prefix is the files' deepest common
+  folder (with its trailing "/"), the only part of a path that differs between a workdir and a
+  copy of it. The pipeline's saved state holds the names; the prefix is the running config's."""
+  paths = [f if filesystem.is_url(f) else filesystem.absolute(f) for f in files]
+  folders = [path[:path.rfind("/") + 1] for path in paths]
+  common = folders[0]
+  for folder in folders[1:]:
+    while not folder.startswith(common):
+      common = common[:common.rstrip("/").rfind("/") + 1]
+  return common, [path[len(common):] for path in paths]
+
+
+def _records_below(prefix: str) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  """name -> the records of the file prefix + name (the prefix is in the function, not in the
+  name that tf.data saves with a position)."""
+  return lambda name: _OneFileRecords(tf.strings.join([prefix, name]))
+
+
+def _content_key(path: str) -> Tuple[int, str]:
+  """(size, SHA-256 of the first 64 KiB) of a file: what tells its content from another's
+  without reading it whole (records files are gigabytes)."""
+  with filesystem.open(path, "rb") as f:
+    head = f.read(1 << 16)
+  return filesystem.getsize(path), hashlib.sha256(head).hexdigest()
+
+
+def input_manifest(files: Sequence[str]) -> List[list]:
+  """[[name below the common folder, size, digest of the first 64 KiB], ...] of `files`, in
+  order: the input a saved position belongs to, wherever the files are."""
+  _, names = relative_inputs(files)
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(files))) as pool:
+    keys = list(pool.map(_content_key, files))
+  return [[name, size, digest] for name, (size, digest) in zip(names, keys)]
 
 
 def record_kind(path: str) -> str:
@@ -230,14 +281,16 @@ def create_pretraining_dataset(
 
   my_files, record_shard = process_files(files, process_index, process_count)
   check_first_records(my_files, spec)
-  dataset = tf.data.Dataset.from_tensor_slices(my_files)
+  # Names below the files' folder flow through the pipeline (and into its saved state).
+  prefix, names = relative_inputs(my_files)
+  dataset = tf.data.Dataset.from_tensor_slices(names)
   if is_training:
     dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.repeat()
-    dataset = dataset.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                                 block_length=1, deterministic=True)
+    dataset = dataset.interleave(_records_below(prefix), cycle_length=min(len(files), 8),
+                                 block_length=1)
   else:
-    dataset = dataset.flat_map(tf.data.TFRecordDataset)
+    dataset = dataset.flat_map(_records_below(prefix))
   if record_shard:
     dataset = dataset.shard(*record_shard)
   if is_training:
@@ -356,6 +409,7 @@ class PipelineIterator:
     self._dataset = dataset
     self._source = source
     self._spec = spec
+    self._manifest: Optional[List[list]] = None   # input_manifest of this process's files
     self._start()
     _LIVE_ITERATORS.add(self)
 
@@ -391,11 +445,22 @@ class PipelineIterator:
         raise
       raise RecordFormatError(f"Bad input record in {self._source}: {found}") from None
 
+  def _files(self) -> List[str]:
+    """The files this process reads (as `create_pretraining_dataset` shards them)."""
+    files, _ = process_files(expand_patterns(self._source), *_process_info(None, None))
+    return files
+
   def _find_bad_record(self) -> Optional[str]:
     if not self._source:
       return None
-    files, _ = process_files(expand_patterns(self._source), *_process_info(None, None))
-    return first_bad_record(files, self._spec)
+    return first_bad_record(self._files(), self._spec)
+
+  def _input_manifest(self) -> Optional[List[list]]:
+    """What this iterator reads (None without `source`), computed once: the files do not change
+    under a run."""
+    if self._source and self._manifest is None:
+      self._manifest = input_manifest(self._files())
+    return self._manifest
 
   def skip(self, batches: int) -> None:
     """Moves `batches` batches ahead from the current position (a replay: every batch is read
@@ -404,18 +469,35 @@ class PipelineIterator:
       next(self._iterator)
 
   def save(self, directory: str) -> None:
-    filesystem.makedirs(directory)
-    self._checkpoint.write(filesystem.join(directory, "iterator"))  # takes gs:// URLs too
+    """The position into `directory`: tf.data's `iterator.*` files, and `position.json` with
+    their sizes and SHA-256 (a file damaged later is named, not read as another position) and
+    the input files the position belongs to (`input_manifest`). To a URL through a local
+    folder, uploaded with every file checked: TensorFlow's checkpoint writer checks nothing it
+    writes there."""
+    manifest = self._input_manifest()
+    with filesystem.local_directory_target(directory) as local:
+      self._checkpoint.write(filesystem.join(local, "iterator"))
+      state = [name for name in filesystem.listdir(local) if name.startswith("iterator.")]
+      record = {"state": file_digests.digests(local, state)}
+      if manifest is not None:
+        record["files"] = manifest
+      filesystem.write_text(filesystem.join(local, POSITION_FILE),
+                            json.dumps(record, indent=1) + "\n")
 
   def restore(self, directory: str) -> None:
-    """The position saved in `directory`. tf.data saves the whole input pipeline with it,
-    absolute file paths included, and restores that pipeline rather than this one: once the
-    files moved (a workdir copied elsewhere), `InputMovedError` says so, and this iterator is
-    left at its first batch for the caller to replay to the position."""
+    """The position saved in `directory`, over the files this iterator reads now.
+
+    The saved names are relative, so a copied workdir's position applies to the copy's files.
+    Where it cannot apply, `InputMovedError` says why and this iterator is left at its first
+    batch, for the caller to replay to the position: the files differ from those the position
+    was saved over (`position.json`), or a pipeline built without `source` names files that are
+    gone. State files that differ from their digests raise `CheckpointDamagedError`."""
     prefix = filesystem.join(directory, "iterator")
     if not tf.io.gfile.glob(prefix + "*"):
       raise FileNotFoundError(f"No input-pipeline state at {prefix}")
+    record = _checked_record(directory)
     try:
+      self._check_same_input(directory, record)
       self._checkpoint.read(prefix).assert_consumed()
     except tf.errors.NotFoundError as e:
       self._start()
@@ -425,6 +507,49 @@ class PipelineIterator:
     except Exception:
       self._start()
       raise
+
+  def _check_same_input(self, directory: str, record: Optional[dict]) -> None:
+    """Raises InputMovedError unless the position in `directory` was saved over files with the
+    names, sizes and first bytes of this iterator's."""
+    current = self._input_manifest()
+    if current is None:
+      return
+    if record is None or "files" not in record:
+      raise training_checkpoints.InputMovedError(
+          f"The input position in {directory} has no record of its input files "
+          f"({POSITION_FILE})")
+    if record["files"] != current:
+      raise training_checkpoints.InputMovedError(
+          f"The input position saved in {directory} is of other input files than "
+          f"{self._source} holds now: {_difference(record['files'], current)}")
+
+
+def _checked_record(directory: str) -> Optional[dict]:
+  """`position.json` of a saved position (None if it has none), its state files checked
+  against the digests it records."""
+  path = filesystem.join(directory, POSITION_FILE)
+  if not filesystem.exists(path):
+    return None
+  record = json.loads(filesystem.read_text(path))
+  try:
+    file_digests.check(directory, record["state"], POSITION_FILE)
+  except file_digests.DamagedFileError as e:
+    raise training_checkpoints.CheckpointDamagedError(f"Damaged input position: {e}") from None
+  return record
+
+
+def _difference(then: List[list], now: List[list]) -> str:
+  """In words, the first way the files `now` differ from those `then` (`input_manifest`s)."""
+  before, after = {n: (s, d) for n, s, d in then}, {n: (s, d) for n, s, d in now}
+  for name, (size, digest) in before.items():
+    if name not in after:
+      return f"{name} is no longer among them"
+    if after[name][0] != size:
+      return f"{name} held {size} bytes then, {after[name][0]} now"
+    if after[name][1] != digest:
+      return f"{name} begins with other bytes than it did"
+  added = [name for name in after if name not in before]
+  return f"{added[0]} is new among them" if added else "they come in another order"
 
 
 # Packing runs Python (tf.numpy_function) on tf.data's threads. An iterator still alive when the

@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0
   # jax_default_prng_impl for initialisation and dropout: "" keeps JAX's default (threefry2x32,
   # the same bits under any sharding). "rbg" compiles BERT-base initialisation in 15 s instead of
-  # 4 minutes on an H100 (benchmarks/RESULTS.md); its streams differ from threefry's.
+  # 4 minutes on an H100 (benchmarks/history/2026-11-23.md); its streams differ from threefry's.
   c.prng_impl = ""
 
   # The tokenizer of every job: at most one of the three files. Pre-training: the records'
@@ -99,6 +99,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_every_steps = 0
   c.checkpoint_every_steps = 0
   c.max_consecutive_skips = 10       # abort after this many non-finite steps in a row
+  # Seconds between a preemption notice (SIGTERM, the metadata server) and the kill (GCE: 30);
+  # the preemption save is logged against it, with a warning when it does not fit.
+  c.preemption_grace_seconds = 30.0
+  # A step (or the wait for its batch) longer than this dumps every thread's stack to stderr and
+  # WORKDIR/watchdog_stacks.process_<i>.txt and exits with status 124; from the second step of a
+  # run on (compilation does not count). 0 = off.
+  c.step_timeout_seconds = 0.0
   # "START,COUNT": a jax.profiler trace of steps START+1..START+COUNT in WORKDIR/profile
   # (TensorBoard's profile plugin, Perfetto); "" for none.
   c.profile_steps = ""

@@ -10,17 +10,14 @@ Point it at your own corpus with `--config.data.input_files=...
 --config.tokenizer.vocab_file=... --config.data.prepare_demo_corpus=False`.
 Interrupt it any time; the same command resumes exactly.
 
-Expected result (measured on an idle 2-core CPU, 2026-11-24): held-out masked-LM accuracy 0.149
-at step 500, 0.169 at 1,000, 0.179 at 1,500, 0.187 at 2,000, 0.194 at 2,500 and 0.200 at 3,000
-(always predicting the most frequent token scores 0.042), NSP accuracy 0.75; 6-7 steps/s
-(~210 sequences/s) once compiled, 9 min 49 s in all with data preparation and compiling. The
-values are bitwise the same on every run of one machine and set of versions
-(tests/test_environment.py), and move by about 0.005 with any change to the random streams. On
-another CPU they differ, because XLA compiles the step for the host's instruction set: on a 2-core
-Intel Xeon with AVX-512 and AMX (2026-11-25, jax 0.10.2, the same versions), 0.148 / 0.167 /
-0.173 / 0.179 / 0.184 / 0.189 at steps 500-3,000 (two runs, identical), and with
-XLA_FLAGS=--xla_cpu_max_isa=AVX2 on that machine 0.145 / 0.169 / 0.180 / 0.188 / 0.193 / 0.197.
-WORKDIR/environment.jsonl records the machine and versions of each run. Why this recipe and not a bigger model or vocabulary: benchmarks/RESULTS.md.
+Expected result: a held-out masked-LM accuracy of about 0.2 after 3,000 steps (always predicting
+the most frequent token scores 0.042), NSP about 0.75, in about ten minutes on a 2-core CPU with
+data preparation and compiling; the measured curve, machine and date are in benchmarks/RESULTS.md
+("The demo: what moves held-out masked-LM accuracy", which also says why this recipe and not a
+bigger model or vocabulary). A run is bitwise the same on every run of one machine and set of
+versions (tests/test_environment.py); on another CPU the values differ slightly, because XLA
+compiles the step for the host's instruction set (docs/runtime.md), so WORKDIR/environment.jsonl
+records the machine and versions of each run.
 `:quick` runs a few steps on a few hundred documents (the tests use it).
 
 `:recipe=modern` is the demo's twin with the modern recipe (docs/modern-encoders.md): the same
@@ -29,12 +26,9 @@ ModernBERT-family model of about the same size (4 layers of H=128, global / loca
 global with a 64-token window, GeGLU 192 wide: 0.56M encoder parameters against BERT-tiny's
 0.39M), the masked LM alone at 30% on contiguous text, StableAdamW and warmup-stable-decay with a
 1-sqrt decay over the last fifth, the batch rising from 8 to 32 rows over the first 1.2M tokens.
-Measured once (2026-11-25, the same 2-core AMD EPYC,
-idle): 10 min 26 s in all, held-out MLM accuracy at 15% masking 0.240 / 0.346 / 0.372 / 0.396 /
-0.412 / 0.436 at steps 500-3,000, against the BERT demo's 0.149 ... 0.200 in 9 min 49 s. Not
-yet the equal-budget comparison: the held-out instances differ in form (contiguous text here,
-NSP pairs there, from the same held-out documents), and no part of the difference is yet
-attributed (benchmarks/RESULTS.md).
+Its measured run against the BERT demo, and why that is not yet the equal-budget comparison (the
+held-out instances differ in form: contiguous text here, NSP pairs there): benchmarks/RESULTS.md,
+"The demo's modern twin".
 """
 from experiments import pretrain_bert_base, pretrain_modernbert, pretraining_defaults
 

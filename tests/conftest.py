@@ -14,6 +14,8 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 
+import bert_jax  # noqa: E402,F401  (first: it keeps Triton out of the process, see its __init__)
+
 assert jax.config.read("jax_disable_most_optimizations")
 
 import pytest  # noqa: E402
@@ -44,24 +46,35 @@ def fine_tuned_runs(tmp_path_factory):
   return _FineTunedRuns(str(tmp_path_factory.mktemp("fine_tuned")))
 
 
-# Fault tests that wait out a timeout or kill at a chosen moment (minutes of wall time, several
-# runs each) run only when asked: `python -m pytest --long-faults tests/faults`.
-LONG_FAULTS = "--long-faults"
+# Two tiers. The fast tier (the default: `python -m pytest -n 2 tests`) is the unit tests and the
+# quick end-to-end runs, within about 12 minutes on 2 cores. The slow tier (`--tier=slow`) is the
+# rest: end-to-end runs of minutes, multi-process and fault tests (`slow`), and the fault tests
+# that wait out a timeout or kill at a chosen moment (`long_fault`). `.ci/run` runs both;
+# `--tier=all` runs everything in one go. Tests outside the chosen tier are deselected, not
+# skipped: they are not missing, they run in the other tier.
+TIER = "--tier"
+SLOW_MARKERS = ("slow", "long_fault")
 
 
 def pytest_addoption(parser):
-  parser.addoption(LONG_FAULTS, action="store_true", default=False,
-                   help="also run the fault tests marked long_fault (minutes each)")
+  parser.addoption(TIER, choices=("fast", "slow", "all"), default="fast",
+                   help="which tests to run: fast (default), slow (marked slow or long_fault), all")
 
 
 def pytest_configure(config):
-  config.addinivalue_line("markers", f"long_fault: a fault test run only with {LONG_FAULTS}")
+  config.addinivalue_line("markers", "slow: an end-to-end or fault test of the slow tier (--tier=slow)")
+  config.addinivalue_line("markers", "long_fault: a fault test of minutes, in the slow tier (--tier=slow)")
 
 
 def pytest_collection_modifyitems(config, items):
-  if config.getoption(LONG_FAULTS):
+  tier = config.getoption(TIER)
+  if tier == "all":
     return
-  skip = pytest.mark.skip(reason=f"a long fault test (minutes): run with {LONG_FAULTS}")
+  want_slow = tier == "slow"
+  kept, deselected = [], []
   for item in items:
-    if "long_fault" in item.keywords:
-      item.add_marker(skip)
+    is_slow = any(marker in item.keywords for marker in SLOW_MARKERS)
+    (kept if is_slow == want_slow else deselected).append(item)
+  if deselected:
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept

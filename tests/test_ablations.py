@@ -30,6 +30,7 @@ def test_variants_change_only_what_they_ablate(tmp_path):
     assert changed == set(overrides), name
 
 
+@pytest.mark.slow
 def test_quick_study_writes_the_table_and_resumes(tmp_path):
   config = _config(tmp_path)
   workdir = tmp_path / "study"

@@ -29,6 +29,7 @@ def _masks():
   return ids, {"padding": padding, "block_diagonal": block.astype(np.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_kind", ["padding", "block_diagonal"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, causal):

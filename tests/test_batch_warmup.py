@@ -61,6 +61,7 @@ def test_modernbert_ramps():
     BatchRamp(448, 4600, 10e9, 1024)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad_accum_steps", [1, 2])
 def test_k_micro_batches_are_one_step_on_their_concatenation(grad_accum_steps):
   config = tiny_config(grad_accum_steps=grad_accum_steps, warmup_steps=0)   # no dropout; lr > 0
@@ -85,6 +86,7 @@ def test_k_micro_batches_are_one_step_on_their_concatenation(grad_accum_steps):
     step(3)(state, batch, jax.random.PRNGKey(1))
 
 
+@pytest.mark.slow
 def test_on_a_mesh_and_under_pmap():
   """4 simulated devices: k micro-batches (1 row per device each) equal the whole batch's step
   under both strategies (tests/batch_warmup_devices.py)."""
@@ -124,6 +126,7 @@ def test_ramped_batches_take_k_micro_batches_and_replay_to_a_step():
   assert replayed.next_batch(3)["input_ids"][:, 0].tolist() == seen[3]
 
 
+@pytest.mark.slow
 def test_resume_in_the_middle_of_the_ramp_is_bitwise_identical(tmp_path, capsys):
   config = _quick_config()
   reference = str(tmp_path / "reference")

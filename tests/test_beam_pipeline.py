@@ -101,6 +101,7 @@ def test_in_memory_direct_runner_writes_the_single_machine_records(split_corpus,
   _check_counters(result, stats)
 
 
+@pytest.mark.slow
 def test_multi_process_direct_runner_from_the_command_line(split_corpus, single_machine,
                                                            tmp_path):
   """`--runner` plus Beam's own options, passed through; one shuffle bucket (what the flags
@@ -126,6 +127,7 @@ def test_multi_process_direct_runner_from_the_command_line(split_corpus, single_
       result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_contiguous_instances_from_the_command_line(split_corpus, tmp_path):
   """`--instances=contiguous` (statically masked at 0.30, two passes) on the multi-process
   DirectRunner: the single-machine builder's files and statistics, no NSP labels."""

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests import test_cloud_storage
 
 emulator = test_cloud_storage.emulator   # the fixture: fake-gcs-server, STORAGE_EMULATOR_HOST set
@@ -37,6 +39,7 @@ def on_gs(workdir: str, scratch: str) -> None:
   assert filesystem.listdir(workdir) == ["best"] and local.step_of(best) == 3
 
 
+@pytest.mark.slow
 def test_best_on_gs_is_replaced_whole_and_a_half_done_swap_is_found(emulator, tmp_path):
   workdir = f"gs://{test_cloud_storage.BUCKET}/best_directory"
   code = (f"from tests.test_best_directory_on_gs import on_gs; "

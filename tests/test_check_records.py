@@ -36,6 +36,7 @@ def test_check_records_names_each_bad_file_and_where(tmp_path):
   assert "{{" not in bad[0][2] and "[Op:" not in bad[0][2]
 
 
+@pytest.mark.slow
 def test_check_records_command_exit_status(tmp_path):
   pattern = _files(tmp_path)
   env = dict(os.environ, PYTHONPATH=ROOT)

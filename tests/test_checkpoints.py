@@ -66,6 +66,7 @@ def _max_diff(a, b, mask=None):
   return float(np.abs(a - b).max())
 
 
+@pytest.mark.slow
 def test_parity_with_transformers_on_real_checkpoint(real, batch):
   config, params = real
   assert config.num_hidden_layers == 6 and config.hidden_size == 384
@@ -141,6 +142,7 @@ def test_export_to_huggingface_round_trip(real, batch, tmp_path):
     np.testing.assert_array_equal(checkpoints.flatten(params2)[k], v, err_msg=k)
 
 
+@pytest.mark.slow
 def test_tf_checkpoint_with_original_variable_names(real, batch, tmp_path):
   import tensorflow as tf
   config, params = real

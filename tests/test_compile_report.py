@@ -52,6 +52,7 @@ def compile_report():
 
 @pytest.mark.parametrize("accelerator, model_parallelism, hosts",
                          [("v5litepod-4", 2, 1), ("v4-32", 2, 4)])
+@pytest.mark.slow
 def test_tiny_pretraining_step_compiles_for_a_slice(compile_report, tmp_path, accelerator,
                                                     model_parallelism, hosts):
   config = _tiny(model_parallelism=model_parallelism,
@@ -83,6 +84,7 @@ def test_tiny_pretraining_step_compiles_for_a_slice(compile_report, tmp_path, ac
   assert all(op["category"] in categories and op["name"] for op in top)
 
 
+@pytest.mark.slow
 def test_without_dropout_the_random_bits_leave_the_profile(compile_report, tmp_path):
   config = _tiny(global_batch_size=32)
   config.model.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -144,6 +146,7 @@ def test_fine_tuning_step_compiles_for_a_slice(compile_report, tmp_path, acceler
   assert report["flops_per_step"] > 0 and report["model_flops_per_step"] > 0
 
 
+@pytest.mark.slow
 def test_scanned_layers_cost_is_the_unrolled_steps(compile_report, tmp_path):
   """XLA counts a scanned layer once; the report's FLOPs for a scan over 4 layers come from the
   step unrolled at 1 and 2 layers and match the 4-layer step compiled unrolled."""

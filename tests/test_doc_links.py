@@ -17,9 +17,11 @@ DOCUMENTS = sorted(
     os.path.relpath(path, ROOT) for pattern in ("README.md", "WORKSPACE.md", "docs/*.md",
                                                 "benchmarks/*.md", "benchmarks/history/*.md")
     for path in glob.glob(os.path.join(ROOT, pattern)))
-LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# Link text and code spans may wrap lines, but not cross a paragraph (a blank line).
+IN_PARAGRAPH = r"(?:[^{end}\n]|\n(?![ \t]*\n))*"
+LINK = re.compile(r"!?\[" + IN_PARAGRAPH.format(end=r"\]") + r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
-CODE_SPAN = re.compile(r"`[^`\n]*`")
+CODE_SPAN = re.compile("`" + IN_PARAGRAPH.format(end="`") + "`")
 
 
 def _read(path: str) -> str:
@@ -45,12 +47,24 @@ def anchors(path: str) -> set:
   return result
 
 
+def prose(text: str) -> str:
+  """The text without fenced blocks and code spans, each blanked to its line breaks so that
+  line numbers stay those of the file."""
+  blank = lambda match: "\n" * match.group(0).count("\n")
+  return CODE_SPAN.sub(blank, FENCE.sub(blank, text))
+
+
+def links_in(text: str):
+  """(line, target) of every relative link of a document's text, its text wrapped or not."""
+  text = prose(text)
+  for match in LINK.finditer(text):
+    target = match.group(1)
+    if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+      yield text.count("\n", 0, match.start()) + 1, target
+
+
 def links(path: str):
-  text = CODE_SPAN.sub("", FENCE.sub("", _read(path)))
-  for number, line in enumerate(text.splitlines(), 1):
-    for target in LINK.findall(line):
-      if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
-        yield number, target
+  return links_in(_read(path))
 
 
 def test_the_documents_are_there():
@@ -62,6 +76,12 @@ def test_anchor_follows_github():
   assert anchor("The TPU step: where the bytes go (2026-11-25)") == (
       "the-tpu-step-where-the-bytes-go-2026-11-25")
   assert anchor("What `compile_report.json` holds") == "what-compile_reportjson-holds"
+
+
+def test_a_link_whose_text_wraps_a_line_is_found():
+  text = ("Intro\n\n```\n[fenced](no.md)\n```\nSee [the guide\nto TPUs](docs/tpu.md#x) and `[code\n"
+          "span](no.md)`, [one](a.md).\n\n[not a link\n\nacross paragraphs](no.md)\n")
+  assert list(links_in(text)) == [(6, "docs/tpu.md#x"), (8, "a.md")]
 
 
 @pytest.mark.parametrize("path", DOCUMENTS)

@@ -3,6 +3,8 @@ and the claim it rests on: the same environment gives the same run, bit for bit.
 import json
 import os
 
+import pytest
+
 from bert_jax.runtime import environment
 from tests import demo_runs
 
@@ -32,6 +34,7 @@ def _demo(workdir):
   assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_demo_is_bitwise_reproducible_in_one_environment(tmp_path):
   """Two fresh workdirs, two processes: the same corpus, vocabulary, records and metrics (the
   README's promise for a given environment; across CPUs the numbers spread, see README)."""

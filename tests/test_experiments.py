@@ -42,6 +42,7 @@ def test_demo_builds_its_corpus_and_vocabulary(demo_data):
   assert (demo_data / "train.tfrecord").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_base_phase_1_then_phase_2_from_its_workdir(demo_data, tmp_path):
   phase1 = _config("pretrain_bert_base", "phase=1,quick")
   result = _run(phase1, tmp_path / "p1", demo_data)

@@ -74,6 +74,7 @@ def test_extracted_vectors_are_the_encoder_states(tiny_checkpoint):
   assert features.label_ids[0] == labels.index("B-ORG")
 
 
+@pytest.mark.slow
 def test_quick_run_every_choice_and_cache(tiny_checkpoint, tmp_path):
   config = experiment.get_config("quick")
   config.init_checkpoint = tiny_checkpoint

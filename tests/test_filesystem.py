@@ -186,3 +186,51 @@ def test_record_writer_checks_a_url_file_landed(tmp_path):
   with pytest.raises(filesystem.WriteNotLandedError, match="lost: 26 bytes were written"):
     with filesystem.RecordWriter(lost) as writer:
       writer.write(b"0123456789")
+
+
+def _tree(root):
+  """A local tree with a nested file and an empty folder (a SavedModel's assets/)."""
+  os.makedirs(os.path.join(root, "variables"))
+  os.makedirs(os.path.join(root, "assets"))
+  open(os.path.join(root, "saved_model.pb"), "wb").close()
+  with open(os.path.join(root, "variables", "variables.data"), "wb") as f:
+    f.write(b"\x07" * 5000)
+  return root
+
+
+def test_upload_tree_lands_every_file_and_checks_the_listing(tmp_path):
+  local = _tree(str(tmp_path / "local"))
+  url = _file_url(tmp_path / "remote")
+  assert filesystem.upload_tree(local, url) == {"saved_model.pb": 0,
+                                                "variables/variables.data": 5000}
+  assert filesystem.tree_sizes(url) == filesystem.tree_sizes(local)
+  assert filesystem.isdir(filesystem.join(url, "assets"))
+  os.remove(tmp_path / "remote" / "saved_model.pb")   # lost after its own write was checked
+  with pytest.raises(filesystem.WriteNotLandedError,
+                     match=r"remote/saved_model\.pb: the write finished, but the object is not "
+                           r"there \(1 of the 2 files written to .*remote are missing"):
+    filesystem.check_tree_landed(url, filesystem.tree_sizes(local))
+  os.truncate(tmp_path / "remote" / "variables" / "variables.data", 10)
+  with pytest.raises(filesystem.WriteNotLandedError, match=r"variables\.data: 5000 bytes were "
+                     "written, but the store holds 10 bytes there"):
+    filesystem.check_tree_landed(url, {"variables/variables.data": 5000})
+
+
+def test_local_directory_target_uploads_checked(tmp_path):
+  """A writer that writes URLs itself writes locally instead; a file the store does not keep
+  (a name linked to /dev/null) fails the block, naming it."""
+  url = _file_url(tmp_path / "out")
+  with filesystem.local_directory_target(url) as local:
+    assert not filesystem.is_url(local)
+    _tree(local)
+  assert filesystem.tree_sizes(url) == {"saved_model.pb": 0, "variables/variables.data": 5000}
+  (tmp_path / "lost").mkdir()
+  os.makedirs(tmp_path / "lost" / "variables")
+  (tmp_path / "lost" / "variables" / "variables.data").symlink_to(os.devnull)
+  with pytest.raises(filesystem.WriteNotLandedError,
+                     match=r"lost/variables/variables\.data: 5000 bytes were written, but the "
+                           "store holds 0 bytes"):
+    with filesystem.local_directory_target(_file_url(tmp_path / "lost")) as local:
+      _tree(local)
+  with filesystem.local_directory_target(str(tmp_path / "plain")) as local:   # a local path
+    assert local == str(tmp_path / "plain") and os.path.isdir(local)

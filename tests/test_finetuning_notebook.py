@@ -9,6 +9,7 @@ NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(__file__)), "notebooks",
                         "quickstart.ipynb")
 
 
+@pytest.mark.slow
 def test_quickstart_notebook_runs_in_quick_form(tmp_path):
   nbformat = pytest.importorskip("nbformat", reason="test extra nbformat not installed")
   nbclient = pytest.importorskip("nbclient", reason="test extra nbclient not installed")

@@ -80,7 +80,7 @@ def test_turned_off_every_round_faults_the_block_in_again():
 
 @glibc_only
 def test_the_training_entry_point_keeps_freed_memory():
-  kept, = _run("import bert_jax.main\nfrom bert_jax import host_memory\n"
+  kept, = _run("import bert_jax.main\nfrom bert_jax.runtime import host_memory\n"
                "print(host_memory.is_kept())", keep="1").stdout.split()
   assert kept == "True"
 
@@ -90,7 +90,7 @@ def test_a_late_call_says_to_set_the_environment_instead():
   code = ("import threading\n"
           "done = threading.Event()\n"
           "threading.Thread(target=lambda: (bytearray(1 << 20), done.wait())).start()\n"
-          "from bert_jax import host_memory\n"
+          "from bert_jax.runtime import host_memory\n"
           "host_memory.keep_freed_memory()\n"
           "done.set()\n")
   out = _run(code, keep="1")
@@ -107,7 +107,7 @@ def test_turned_off_by_the_environment(monkeypatch):
 def test_a_second_call_after_threads_started_is_silent():
   # One benchmark script importing another calls it twice, the second time after JAX started.
   code = ("import threading\n"
-          "from bert_jax import host_memory\n"
+          "from bert_jax.runtime import host_memory\n"
           "assert host_memory.keep_freed_memory()\n"
           "done = threading.Event()\n"
           "threading.Thread(target=done.wait).start()\n"

@@ -66,29 +66,12 @@ def test_the_private_name_check_finds_an_offence(tmp_path):
   assert _private_uses(str(sample)) == [(2, "checkpoints._per_layer")]
 
 
-def test_old_module_paths_still_import_with_a_warning_naming_the_new_one():
+def test_old_module_paths_are_gone():
+  """The project has no released version: a moved module leaves no shim at its old path."""
   import importlib
-  import warnings
-  from bert_jax.io import checkpoints
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    old = importlib.import_module("bert_jax.checkpoints")
-  assert old is checkpoints
-  assert any("bert_jax.io.checkpoints" in str(w.message) for w in caught)
-
-
-def test_the_old_tasks_paths_import_the_split_folders_modules():
-  import importlib
-  import warnings
-  from bert_jax.tasks.datasets import glue
-  from bert_jax.tasks.tools import serving
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    assert importlib.import_module("bert_jax.tasks.glue") is glue
-    assert importlib.import_module("bert_jax.glue") is glue
-    from bert_jax.tasks import serving as old_serving
-  assert old_serving is serving
-  assert any("bert_jax.tasks.tools.serving" in str(w.message) for w in caught)
+  for old in ("bert_jax.checkpoints", "bert_jax.glue", "bert_jax.tasks.glue"):
+    with pytest.raises(ModuleNotFoundError):
+      importlib.import_module(old)
 
 
 def test_a_renamed_config_field_is_an_error_naming_its_replacement(tmp_path):

@@ -55,25 +55,25 @@ def test_bucket_length_and_row_lengths():
 def _glue(data):
   c = glue_experiment.get_config("task=mrpc,quick")
   c.init_checkpoint, c.data.glue_dir = data["ckpt"], data["glue"]
-  return c, glue.get_task(c)
+  return c, glue.GlueTask(c)
 
 
 def _swag(data):
   c = swag_experiment.get_config("quick")
   c.init_checkpoint, c.data.swag_dir = data["ckpt"], data["swag"]
-  return c, swag.get_task(c)
+  return c, swag.SwagTask(c)
 
 
 def _ner(data):
   c = ner_experiment.get_config("dataset=conll2003,quick")
   c.init_checkpoint = data["real_vocab_ckpt"]
-  return c, ner.get_task(c)
+  return c, ner.NerTask(c)
 
 
 def _squad(data, version):
   c = squad_experiment.get_config(f"version={version},quick")
   c.init_checkpoint = data["real_vocab_ckpt"]
-  return c, squad.get_task(c)
+  return c, squad.SquadTask(c)
 
 
 # SQuAD, as the original, reads padding positions: the span loss is a softmax over every position

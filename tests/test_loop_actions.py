@@ -30,6 +30,7 @@ def test_bad_profile_steps_is_a_clear_error(tmp_path):
     loop.Profiler("5", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_train_seconds_leave_out_evaluation_and_continue_on_resume(tmp_path, monkeypatch):
   config = fx.tiny_config(str(tmp_path / "data"), num_train_steps=8, eval_every_steps=4,
                           checkpoint_every_steps=4, log_every_steps=2,

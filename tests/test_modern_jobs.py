@@ -33,6 +33,7 @@ def _experiment(arg):
   return importlib.import_module("experiments.pretrain_modernbert").get_config(arg)
 
 
+@pytest.mark.slow
 def test_phases_each_start_from_the_one_before(tmp_path):
   pretrain = _experiment("phase=pretrain,quick")
   assert pretrain.model.architecture == "modernbert" and pretrain.objective == "mlm"

@@ -143,7 +143,7 @@ def test_a_recipe_change_on_one_side_fails(run, change, monkeypatch):
     config.optimizer.b2 = 0.999
   elif change == "decay_on_norms_and_biases":
     _torch_side(monkeypatch, optimizer=functools.partial(
-        side.TorchAdamW, decay_names=lambda model: [n for n, _ in model.named_parameters()]))
+        side.modern_torch_optimizer, decay_names=lambda model: [n for n, _ in model.named_parameters()]))
   elif change == "no_local_window":
     _torch_side(monkeypatch, load=_loading(_no_window))
   else:

@@ -1,5 +1,7 @@
 """A workdir survives being moved or copied: the same command resumes from its newest complete
-checkpoint, with the input position exact, and a failed restore never leaves a broken iterator."""
+checkpoint, with the input position exact (the saved position names files relative to their
+folder: a copy reads its own files, whether its source is gone or still there, changed or not),
+and a failed restore never leaves a broken iterator."""
 import os
 import shutil
 
@@ -7,9 +9,14 @@ import pytest
 
 from tests import demo_runs
 
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 # The quick demo (data built into WORKDIR/data), 8 steps with a checkpoint at every other one.
 OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
              "--config.eval_every_steps=8"]
+# What a resume says when it could not apply the saved input position and replayed to it.
+REPLAYED = "input position replayed"
 
 
 def _demo(workdir):
@@ -46,8 +53,45 @@ def test_a_copied_workdir_resumes_exactly(finished, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Resumed from the checkpoint at step 4" in result.stdout, result.stdout[-2000:]
   assert "UNREADABLE" not in result.stdout + result.stderr
+  assert REPLAYED not in result.stdout, "the saved input position was not applied"
   assert not os.path.exists(os.path.join(moved, "checkpoints_corrupt"))
   assert demo_runs.untimed_metrics(moved) == demo_runs.untimed_metrics(finished)
+
+
+@pytest.mark.slow
+def test_a_copy_whose_source_is_still_there_reads_only_its_own_files(finished, tmp_path):
+  """The source's records replaced by other records (its held-out ones) while the copy resumes:
+  a copy that opened any file of its source would read other records (or fail mid-record)."""
+  copy = str(tmp_path / "copy")
+  _copy_back_to(finished, copy, step=4)
+  records = os.path.join(finished, "data", "train.tfrecord")
+  os.rename(records, records + ".kept")
+  shutil.copyfile(os.path.join(finished, "data", "eval.tfrecord"), records)
+  try:
+    result = _demo(copy)
+  finally:
+    os.replace(records + ".kept", records)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Resumed from the checkpoint at step 4" in result.stdout, result.stdout[-2000:]
+  assert REPLAYED not in result.stdout, "the saved input position was not applied"
+  assert demo_runs.untimed_metrics(copy) == demo_runs.untimed_metrics(finished)
+
+
+@pytest.mark.slow
+def test_a_copy_whose_records_differ_replays_its_input_to_the_step(finished, tmp_path):
+  """A position saved over other records (the copy's rewritten: same name, other records) is
+  not applied to these: the checkpoint is kept, and the input replayed to its step."""
+  copy = str(tmp_path / "copy")
+  _copy_back_to(finished, copy, step=4)
+  shutil.copyfile(os.path.join(copy, "data", "eval.tfrecord"),
+                  os.path.join(copy, "data", "train.tfrecord"))
+  result = _demo(copy)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "is of other input files than" in result.stdout, result.stdout[-3000:]
+  assert "train.tfrecord held" in result.stdout, result.stdout[-3000:]
+  assert "Resumed from the checkpoint at step 4" in result.stdout, result.stdout[-2000:]
+  assert REPLAYED in result.stdout
+  assert not os.path.exists(os.path.join(copy, "checkpoints_corrupt"))
 
 
 def test_after_unreadable_checkpoints_the_run_starts_over_with_a_working_input(finished,

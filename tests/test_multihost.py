@@ -23,6 +23,9 @@ from bert_jax.tasks.jobs import pretraining
 from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROCESSES = 2
 # 4 steps, checkpoints at 2 and 4, evaluation at 4 (over unequal per-host eval shards).

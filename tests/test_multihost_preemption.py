@@ -1,7 +1,7 @@
 """SIGTERM to one of 2 processes (a TPU maintenance event hits one host).
 
 jax's preemption service (started by `jax.distributed.initialize`) catches the signal on that
-host and all hosts agree on one step to save at (`bert_jax.tasks.jobs.pretraining._Preemption`). Both
+host and all hosts agree on one step to save at (`bert_jax.runtime.preemption.Preemption`). Both
 processes must save the same complete checkpoint and exit with 0, and 2 new processes must
 resume from it and finish exactly as an uninterrupted 2-process run.
 """
@@ -13,6 +13,10 @@ from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 from tests.test_multihost import (_launch, _outputs, _start, _wait,
                                   assert_ends_as_an_uninterrupted_run)
+import pytest
+
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
 
 STEPS = 120
 SIGNAL_AFTER = 30  # steps, past the first checkpoint

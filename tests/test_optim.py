@@ -264,6 +264,43 @@ def test_stable_adamw_is_its_formula(fully_decoupled):
   assert int(state[0].count) == 5
 
 
+@pytest.mark.parametrize("fully_decoupled", [False, True])
+def test_stable_adamw_matches_optimi(fully_decoupled):
+  """The same spiky gradients through optimi.StableAdamW (torch-optimi: the optimizer ModernBERT
+  trains with) in param groups by our decay mask, each step's rate set to our schedule(t):
+  parameters equal to float32 rounding at every step (the spike at step 3 is clipped:
+  test_stable_adamw_is_its_formula checks that premise on these gradients)."""
+  torch = pytest.importorskip("torch", reason="optimi's StableAdamW runs on PyTorch")
+  optimi = pytest.importorskip("optimi", reason="pip install torch-optimi (a test extra)")
+  lr, weight_decay = 1e-2, (1e-3 if fully_decoupled else 0.1)
+  opt = optimizer_config(name="stable_adamw", b1=B1, b2=B2, eps=EPS, weight_decay=weight_decay,
+                         clip_grad_norm=0.0, fully_decoupled_weight_decay=fully_decoupled)
+  tx, schedule = optim.build_optimizer(opt, lr, 1, 5, schedule_config(
+      name="wsd", decay_steps=2, decay_shape="1-sqrt"))
+  params, grads = _tree(0), spiky_grads()
+  decays = _flat(optim.decay_mask(params))
+  theirs = {k: torch.nn.Parameter(torch.tensor(np.asarray(v))) for k, v in _flat(params).items()}
+  torch_opt = optimi.StableAdamW(
+      [dict(params=[p for k, p in theirs.items() if decays[k]], weight_decay=weight_decay),
+       dict(params=[p for k, p in theirs.items() if not decays[k]], weight_decay=0.0)],
+      lr=lr, betas=(B1, B2), eps=EPS, decouple_lr=fully_decoupled,
+      max_lr=lr if fully_decoupled else None, kahan_sum=False, foreach=False, triton=False)
+
+  state, update = tx.init(params), jax.jit(tx.update)
+  for step, g in enumerate(grads):
+    updates, state = update(g, state, params)
+    params = optax.apply_updates(params, updates)
+    for k, grad in _flat(g).items():
+      theirs[k].grad = torch.tensor(np.asarray(grad))
+    for group in torch_opt.param_groups:
+      group["lr"] = float(schedule(step))
+    torch_opt.step()
+    ours = _flat(params)
+    for k, p in theirs.items():
+      np.testing.assert_allclose(ours[k], p.detach().numpy(), rtol=2e-6, atol=1e-7,
+                                 err_msg=f"{k} at step {step}")
+
+
 def test_without_clipping_stable_adamw_is_optax_adamw_bit_for_bit():
   """Where every tensor's RMS_t <= 1 (shrinking gradients, some entries 0) the updates equal
   optax.adamw's (bias-corrected Adam, decay lr_t * weight_decay * theta off the mask) exactly,

@@ -7,9 +7,12 @@ import sys
 
 import numpy as np
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 def test_jit_mesh_and_pmap_match_a_single_device():
   # A fresh process: the simulated device count is fixed when jax is first imported.
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")

@@ -72,6 +72,7 @@ def test_rerun_of_a_finished_run_changes_nothing(reference_run):
   assert _losses(str(base / "work")) == before
 
 
+@pytest.mark.slow
 def test_kill_9_then_restart_is_bitwise_identical(reference_run, tmp_path):
   base, _, _ = reference_run
   experiment = fx.write_experiment(str(tmp_path), str(base / "data"))
@@ -98,7 +99,13 @@ def test_kill_9_then_restart_is_bitwise_identical(reference_run, tmp_path):
     np.testing.assert_array_equal(ours[name], value, err_msg=name)
 
 
-def test_sigterm_saves_and_exits_cleanly(reference_run, tmp_path):
+@pytest.mark.slow   # two runs of the job (SIGTERM, then the same command): over 30 s
+def test_sigterm_saves_exits_0_and_the_same_command_ends_bitwise_as_the_uninterrupted_run(
+    reference_run, tmp_path):
+  """SIGTERM mid-run: the step is saved ("Preempted: checkpoint at step N"), exit 0; the same
+  command again resumes from N and ends as the uninterrupted run: every step's losses and
+  accuracies (metrics.jsonl without wall-clock fields) and the final parameters, bitwise.
+  Periodic checkpoints are off here (only the preemption's), so the resume can only be from it."""
   base, _, _ = reference_run
   experiment = fx.write_experiment(str(tmp_path), str(base / "data"),
                                    **{"checkpoint_every_steps": 1000})
@@ -114,8 +121,19 @@ def test_sigterm_saves_and_exits_cleanly(reference_run, tmp_path):
   assert proc.returncode == 0, err[-3000:]
   assert "Preempted: checkpoint at step" in out
   saved = [int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))]
-  assert len(saved) == 1 and 3 <= saved[0] < 12
+  assert len(saved) == 1 and 3 <= saved[0] < 12, saved
   assert max(r["step"] for r in read_metrics(workdir)) == saved[0]
+
+  restart = subprocess.run(_main_cmd(experiment, workdir), cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+  assert restart.returncode == 0, restart.stderr[-3000:]
+  assert f"Resumed from the checkpoint at step {saved[0]} " in restart.stdout, \
+      restart.stdout[-3000:]
+  assert _losses(workdir) == _losses(str(base / "work"))
+  ours, reference = _params(workdir), _params(str(base / "work"))
+  assert ours.keys() == reference.keys()
+  for name, value in reference.items():
+    np.testing.assert_array_equal(ours[name], value, err_msg=name)
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(reference_run, tmp_path, capsys):
@@ -154,6 +172,7 @@ def test_a_run_learns(tmp_path):
   assert result["eval_mlm_accuracy"] > 0.8, result
 
 
+@pytest.mark.slow
 def test_prng_impl_switch_changes_the_random_streams(reference_run, tmp_path):
   """`--config.prng_impl=rbg` reaches JAX before any key exists: another initialisation, and the
   run still trains (rbg is the fast-compiling choice on GPU)."""

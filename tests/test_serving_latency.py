@@ -10,6 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_quick_run_prints_the_table():
   pytest.importorskip("torch", reason="the PyTorch path of the benchmark needs torch")
   pytest.importorskip("transformers", reason="the PyTorch path needs transformers")

@@ -15,6 +15,9 @@ import sys
 import numpy as np
 import pytest
 
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 QUERY = "bert/encoder/layer_0/attention/self/query/kernel"

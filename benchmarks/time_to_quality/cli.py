@@ -7,7 +7,8 @@ import sys
 from typing import Optional, Sequence
 
 from benchmarks import bench_util, time_to_quality  # the package's docstring
-from benchmarks.time_to_quality import common, finetune, hf_side, jax_side, prepared, report
+from benchmarks.time_to_quality import (common, finetune, hf_side, jax_side, prepared, report,
+                                        schedule)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -19,7 +20,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      help="pre-train this side (repeatable)")
   stage.add_argument("--calibrate", action="store_true",
                      help="with --side: measure the side's steps/s only (no training)")
-  stage.add_argument("--finetune", action="store_true", help="GLUE for both checkpoints")
+  stage.add_argument("--finetune", action="store_true",
+                     help="GLUE for every pre-trained side's checkpoint (--ft_sides)")
   stage.add_argument("--report", action="store_true", help="write the tables and the plot")
   p.add_argument("--out", default="/tmp/time_to_quality")
   p.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -52,8 +54,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   pre.add_argument("--checkpoint_every_minutes", type=float, default=5.0)
   pre.add_argument("--log_every", type=int, default=20)
   pre.add_argument("--threads", type=int, default=2, help="PyTorch threads")
+  mod = p.add_argument_group("the modern recipe (--side=bert_jax_modern, --side=hf_modern)")
+  mod.add_argument("--modern_lr", type=float, default=1e-3,
+                   help="peak learning rate (pre-norm: higher than BERT's 5e-4)")
+  mod.add_argument("--modern_masking", type=float, default=0.30, help="training masking rate")
+  mod.add_argument("--local_attention", type=int, default=64,
+                   help="the local layers' window (tokens, transformers' semantics)")
+  mod.add_argument("--batch_warmup_start", type=int, default=16,
+                   help="the batch ramp's first batch (rows; 0: no ramp), up to --batch")
+  mod.add_argument("--batch_warmup_fraction", type=float, default=0.1,
+                   help="the ramp's share of the side's planned tokens")
+  mod.add_argument("--decay_fraction", type=float, default=0.2,
+                   help="the 1-sqrt decay's share of the steps (at the end)")
   ft = p.add_argument_group("fine-tuning (--finetune)")
   ft.add_argument("--glue_dir", default=common.DEFAULT_GLUE_DIR)
+  ft.add_argument("--ft_sides", default="",
+                  help="sides to fine-tune (comma list); default: every side whose pre-training "
+                       "has finished (OUT/<side>/summary.json)")
   ft.add_argument("--tasks", default="sst2,mrpc,stsb,rte,cola")
   ft.add_argument("--seeds", type=int, default=3)
   ft.add_argument("--ft_lr", type=float, default=1e-4)
@@ -72,15 +89,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def calibrate(args, side: str) -> dict:
   """`--calibrate`: the side's speed at this setting, to OUT/<side>/calibration.json."""
   info = prepared.read_data_info(args.out)
-  if side == "bert_jax":
-    calibration = jax_side.calibrate_jax(args, info)
+  if common.RECIPE[side] == "modern":
+    prepared.contiguous_info(args.out)
+  if common.FRAMEWORK[side] == "jax":
+    calibration = jax_side.calibrate_jax(args, info, side)
   else:
     import torch
     hf_side.quiet_transformers()
     torch.set_num_threads(args.threads)
-    calibration = hf_side.calibrate_hf(args, info)
+    calibration = hf_side.calibrate_hf(args, info, side)
+  plan = schedule.make_plan(args, side, calibration, info["seq"])
   result = dict(dataclasses.asdict(calibration), side=side, size=args.size, batch=args.batch,
-                seq=info["seq"], steps=calibration.steps_for(args.budget_minutes * 60),
+                seq=info["seq"], steps=plan.num_train_steps, sequences=plan.sequences(),
                 budget_minutes=args.budget_minutes, machine=bench_util.machine_line())
   common.write_json(os.path.join(args.out, side, "calibration.json"), result)
   print(json.dumps(result, indent=1), flush=True)
@@ -104,7 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.calibrate:
       done[side] = calibrate(args, side)
     else:
-      done[side] = jax_side.run_jax(args) if side == "bert_jax" else hf_side.run_hf(args)
+      run = jax_side.run_jax if common.FRAMEWORK[side] == "jax" else hf_side.run_hf
+      done[side] = run(args, side)
   if args.finetune:
     if not os.path.isdir(args.glue_dir):
       sys.exit(f"{args.glue_dir} not found: fine-tuning needs the GLUE folder (../shared/data)")

@@ -1,4 +1,5 @@
-"""`--finetune`: both checkpoints fine-tuned on GLUE with one recipe, a few seeds each."""
+"""`--finetune`: every pre-trained side's checkpoint fine-tuned on GLUE with one recipe, a few
+seeds each (a side not yet pre-trained is skipped and named)."""
 import json
 import os
 import sys
@@ -18,13 +19,36 @@ def parse_subsets(spec: str) -> Dict[str, int]:
 
 
 def checkpoint_of(args, side: str) -> str:
-  if side == "bert_jax":
-    return os.path.join(args.out, "bert_jax", "workdir")
-  return os.path.join(args.out, "transformers", "final")
+  """The side's final checkpoint: bert_jax's pre-training workdir, or transformers'
+  save_pretrained directory (BertForPreTraining or ModernBertForMaskedLM); fine-tuning reads
+  either (`bert_jax.io.checkpoints.load_pretrained`: the architecture is the checkpoint's)."""
+  if common.FRAMEWORK[side] == "jax":
+    return os.path.join(args.out, side, "workdir")
+  return os.path.join(args.out, side, "final")
+
+
+def pretrained_sides(args) -> List[str]:
+  """The sides to fine-tune: `--ft_sides`, or every side whose pre-training has finished."""
+  finished = [s for s in common.SIDES
+              if os.path.exists(os.path.join(args.out, s, "summary.json"))]
+  if not args.ft_sides:
+    missing = [s for s in common.SIDES if s not in finished]
+    if missing:
+      print(f"not pre-trained yet (skipped): {', '.join(missing)}", flush=True)
+    return finished
+  wanted = [s.strip() for s in args.ft_sides.split(",") if s.strip()]
+  unknown = [s for s in wanted if s not in common.SIDES]
+  if unknown:
+    raise ValueError(f"--ft_sides: {unknown} are not sides ({', '.join(common.SIDES)})")
+  for side in wanted:
+    if side not in finished:
+      raise FileNotFoundError(f"{os.path.join(args.out, side, 'summary.json')} not found: run "
+                              f"--side={side} first")
+  return wanted
 
 
 def glue_config(args, side: str, task: str, train_examples: int):
-  """One recipe for both checkpoints: bert_jax's GLUE fine-tuning."""
+  """One recipe for every checkpoint: bert_jax's GLUE fine-tuning."""
   from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task},seeds={args.seeds}")
   c.init_checkpoint = checkpoint_of(args, side)
@@ -49,16 +73,17 @@ def seed_devs(result: dict) -> List[Dict[str, float]]:
 
 
 def finetune(args) -> dict:
-  """Every task for both checkpoints; a finished task (its ttq.json) is not run again."""
+  """Every task for every pre-trained side (`pretrained_sides`); a finished task (its ttq.json)
+  is not run again."""
   from bert_jax.tasks.datasets import glue
   subsets = parse_subsets(args.ft_train_examples)
   results = {}
-  for side in common.SIDES:
-    if not os.path.exists(checkpoint_of(args, side)):
-      raise FileNotFoundError(f"{checkpoint_of(args, side)} not found: run --side={side} first")
-  # Task by task, both sides each: a stage cut short still leaves whole rows of the table.
+  sides = pretrained_sides(args)
+  if not sides:
+    print("no side has finished pre-training: nothing to fine-tune", flush=True)
+  # Task by task, every side each: a stage cut short still leaves whole rows of the table.
   for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
-    for side in common.SIDES:
+    for side in sides:
       workdir = os.path.join(args.out, "finetune", side, task)
       done = os.path.join(workdir, "ttq.json")
       if os.path.exists(done):

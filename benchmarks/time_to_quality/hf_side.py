@@ -1,14 +1,24 @@
-"""`--side=transformers`: `BertForPreTraining` with `transformers.Trainer`, same instances."""
+"""`--side=transformers` and `--side=hf_modern`: transformers' models under its `Trainer`.
+
+`transformers`: `BertForPreTraining` on the NSP-pair instances, BERT's recipe (its usual AdamW
+and linear schedule). `hf_modern`: `ModernBertForMaskedLM` on the contiguous-text instances with
+the modern recipe as the Trainer offers it: `optim="stable_adamw"` (torch-optimi's StableAdamW,
+ModernBERT's own, with `decouple_lr`: weight decay fully decoupled from the rate),
+`lr_scheduler_type="warmup_stable_decay"` with a 1-sqrt decay, no gradient clipping,
+`DataCollatorForLanguageModeling` at 30%; the batch warm-up, which the Trainer has no setting
+for, by its training dataloader (`ramp_trainer`: each step's batch of the ramp's size, as
+bert_jax's). Every side is scored on the fixed held-out sets of OUT/data.
+"""
 import json
 import os
 import shutil
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from benchmarks import bench_util
-from benchmarks.time_to_quality import clocks, common, prepared, schedule
+from benchmarks.time_to_quality import clocks, common, modern, prepared, schedule
 
 
 def hf_tokenizer(vocab_file: str):
@@ -16,8 +26,11 @@ def hf_tokenizer(vocab_file: str):
   return transformers.BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
 
 
-def hf_model(args, info: dict, seed: int):
-  """A fresh `BertForPreTraining` of the benchmark's shape (transformers' own initialisation)."""
+def hf_model(args, info: dict, seed: int, side: str = "transformers"):
+  """A fresh model of the side (transformers' own initialisation): `BertForPreTraining` of the
+  benchmark's shape, or the modern recipe's `ModernBertForMaskedLM` (`modern.hf_model`)."""
+  if common.RECIPE[side] == "modern":
+    return modern.hf_model(args, info, seed)
   import transformers
   from bert_jax.model.config import BertConfig
   shape = BertConfig.named(args.size)
@@ -31,12 +44,14 @@ def hf_model(args, info: dict, seed: int):
 
 
 class InstanceDataset:
-  """The unmasked training instances, one dict per example as the collator expects them."""
+  """The unmasked training instances, one dict per example as the collator expects them (NSP
+  pairs with their segments and label; contiguous rows with neither)."""
 
   def __init__(self, path: str, cls_id: int, sep_id: int):
     with np.load(path) as data:
       self.arrays = {k: data[k] for k in data.files}
     self.cls_id, self.sep_id = cls_id, sep_id
+    self.pairs = "next_sentence_labels" in self.arrays
 
   def __len__(self) -> int:
     return len(self.arrays["lengths"])
@@ -45,16 +60,26 @@ class InstanceDataset:
     n = int(self.arrays["lengths"][i])
     ids = self.arrays["input_ids"][i, :n]
     special = (ids == self.cls_id) | (ids == self.sep_id)
-    return {"input_ids": ids.tolist(), "token_type_ids": self.arrays["segment_ids"][i, :n].tolist(),
-            "attention_mask": [1] * n, "special_tokens_mask": special.astype(np.int64).tolist(),
-            "next_sentence_label": int(self.arrays["next_sentence_labels"][i])}
+    example = {"input_ids": ids.tolist(), "attention_mask": [1] * n,
+               "special_tokens_mask": special.astype(np.int64).tolist()}
+    if self.pairs:
+      example.update(token_type_ids=self.arrays["segment_ids"][i, :n].tolist(),
+                     next_sentence_label=int(self.arrays["next_sentence_labels"][i]))
+    return example
+
+
+def _gather(sequence, positions):
+  import torch
+  return torch.gather(sequence, 1, positions[..., None].expand(-1, -1, sequence.shape[-1]))
 
 
 def score_torch(model, batches: Sequence[common.Batch]) -> Dict[str, float]:
-  """bert_jax's evaluation metrics for a `BertForPreTraining` on the fixed eval batches.
+  """bert_jax's evaluation metrics for a `BertForPreTraining` or a `ModernBertForMaskedLM` on
+  fixed eval batches, the logits at the masked positions only.
 
-  MLM: sum(w * nll) / sum(w) over masked_lm_positions, accuracy = argmax hits; NSP: mean over
-  real rows (example_weight), as `bert_jax.tasks.jobs.pretraining.loss_from_terms`.
+  MLM: sum(w * nll) / sum(w) over masked_lm_positions, accuracy = argmax hits; NSP (BERT, on
+  batches with NSP labels): mean over real rows (example_weight), as
+  `bert_jax.tasks.jobs.pretraining.loss_from_terms`.
   """
   import torch
   import torch.nn.functional as F
@@ -63,15 +88,21 @@ def score_torch(model, batches: Sequence[common.Batch]) -> Dict[str, float]:
   sums = dict(mlm_nll=0.0, mlm_correct=0.0, mlm_weight=0.0, nsp_nll=0.0, nsp_correct=0.0,
               nsp_weight=0.0)
   tensor = lambda b, name: torch.from_numpy(np.asarray(b[name]).astype(np.int64))
+  modern_model = hasattr(model, "decoder")      # ModernBertForMaskedLM; BertForPreTraining: cls
+  nsp = not modern_model and "next_sentence_labels" in batches[0]
   with torch.no_grad():
     for b in batches:
-      out = model.bert(input_ids=tensor(b, "input_ids"), attention_mask=tensor(b, "input_mask"),
-                       token_type_ids=tensor(b, "segment_ids"), return_dict=True)
-      sequence = out.last_hidden_state
       positions = tensor(b, "masked_lm_positions")
-      gathered = torch.gather(sequence, 1,
-                              positions[..., None].expand(-1, -1, sequence.shape[-1]))
-      mlm_logits, nsp_logits = model.cls(gathered, out.pooler_output)
+      if modern_model:
+        out = model.model(input_ids=tensor(b, "input_ids"),
+                          attention_mask=tensor(b, "input_mask"), return_dict=True)
+        mlm_logits = model.decoder(model.head(_gather(out.last_hidden_state, positions)))
+      else:
+        out = model.bert(input_ids=tensor(b, "input_ids"),
+                         attention_mask=tensor(b, "input_mask"),
+                         token_type_ids=tensor(b, "segment_ids"), return_dict=True)
+        mlm_logits, nsp_logits = model.cls(_gather(out.last_hidden_state, positions),
+                                           out.pooler_output)
       labels = tensor(b, "masked_lm_ids")
       weights = torch.from_numpy(np.asarray(b["masked_lm_weights"], np.float32))
       nll = F.cross_entropy(mlm_logits.flatten(0, 1), labels.flatten(), reduction="none")
@@ -79,6 +110,8 @@ def score_torch(model, batches: Sequence[common.Batch]) -> Dict[str, float]:
       sums["mlm_nll"] += float((nll * weights.flatten()).sum())
       sums["mlm_correct"] += float((hits * weights.flatten()).sum())
       sums["mlm_weight"] += float(weights.sum())
+      if not nsp:
+        continue
       rows = torch.from_numpy(np.asarray(b["example_weight"], np.float32))
       nsp_labels = tensor(b, "next_sentence_labels").reshape(-1)
       nsp_nll = F.cross_entropy(nsp_logits, nsp_labels, reduction="none")
@@ -87,10 +120,20 @@ def score_torch(model, batches: Sequence[common.Batch]) -> Dict[str, float]:
       sums["nsp_weight"] += float(rows.sum())
   model.train(was_training)
   mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
-  nsp_loss = sums["nsp_nll"] / max(sums["nsp_weight"], 1e-5)
-  return dict(mlm_loss=mlm_loss, mlm_accuracy=sums["mlm_correct"] / (sums["mlm_weight"] + 1e-5),
-              nsp_loss=nsp_loss, nsp_accuracy=sums["nsp_correct"] / max(sums["nsp_weight"], 1e-5),
-              loss=mlm_loss + nsp_loss)
+  metrics = dict(mlm_loss=mlm_loss,
+                 mlm_accuracy=sums["mlm_correct"] / (sums["mlm_weight"] + 1e-5), loss=mlm_loss)
+  if nsp:
+    nsp_loss = sums["nsp_nll"] / max(sums["nsp_weight"], 1e-5)
+    metrics.update(nsp_loss=nsp_loss, loss=mlm_loss + nsp_loss,
+                   nsp_accuracy=sums["nsp_correct"] / max(sums["nsp_weight"], 1e-5))
+  return metrics
+
+
+def score_sets(model, eval_sets: Dict[str, Sequence[common.Batch]]) -> Dict[str, float]:
+  metrics = {}
+  for name, batches in eval_sets.items():
+    metrics.update(common.prefixed(name, score_torch(model, batches)))
+  return metrics
 
 
 def _callback_base():
@@ -115,12 +158,13 @@ def make_step_times():
   return StepTimes()
 
 
-def make_wall_clock(curve_path: str, batches: Sequence[common.Batch], eval_every_seconds: float,
-                    prior_seconds: float = 0.0, next_eval: Optional[float] = None,
-                    last_eval_step: int = -1):
+def make_wall_clock(curve_path: str, eval_sets: Dict[str, Sequence[common.Batch]],
+                    eval_every_seconds: float, prior_seconds: float = 0.0,
+                    next_eval: Optional[float] = None, last_eval_step: int = -1,
+                    side: str = "transformers"):
   """A TrainerCallback keeping training time (without its evaluations and Trainer's saves),
-  scoring the model on `batches` every `eval_every_seconds` of it and at the end, and saving its
-  state with every checkpoint (`clock.json` in the checkpoint folder) for a resumed run.
+  scoring the model on `eval_sets` every `eval_every_seconds` of it and at the end, and saving
+  its state with every checkpoint (`clock.json` in the checkpoint folder) for a resumed run.
   """
   base = _callback_base()
 
@@ -136,10 +180,11 @@ def make_wall_clock(curve_path: str, batches: Sequence[common.Batch], eval_every
       return self.clock.seconds
 
     def _evaluate(self, state, model, seconds):
-      metrics = score_torch(model, batches)
+      metrics = score_sets(model, eval_sets)
       common.append_jsonl(curve_path, dict(seconds=seconds, step=state.global_step, **metrics))
-      print(f"[transformers] eval step {state.global_step} ({seconds / 60:.1f} min): "
-            f"mlm_loss={metrics['mlm_loss']:.4f} mlm_accuracy={metrics['mlm_accuracy']:.4f}",
+      print(f"[{side}] eval step {state.global_step} ({seconds / 60:.1f} min): " + ", ".join(
+          f"{name} mlm_loss={metrics[f'{name}_mlm_loss']:.4f} "
+          f"mlm_accuracy={metrics[f'{name}_mlm_accuracy']:.4f}" for name in eval_sets),
             flush=True)
       self.last_eval_step = state.global_step
 
@@ -171,30 +216,95 @@ def make_wall_clock(curve_path: str, batches: Sequence[common.Batch], eval_every
   return WallClock()
 
 
+def recipe_arguments(args, side: str, decay_steps: int) -> dict:
+  """The recipe's TrainingArguments: BERT's (torch AdamW, linear schedule, clipping at 1.0) or
+  the modern one (optimi's StableAdamW with decouple_lr, warmup-stable-decay with a 1-sqrt
+  decay to 0 over `decay_steps`, no clipping: experiments/pretrain_modernbert.py's values)."""
+  if common.RECIPE[side] == "bert":
+    return dict(learning_rate=args.lr, lr_scheduler_type="linear", weight_decay=0.01,
+                adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6, max_grad_norm=1.0)
+  return dict(learning_rate=args.modern_lr, lr_scheduler_type="warmup_stable_decay",
+              lr_scheduler_kwargs=dict(num_decay_steps=decay_steps, decay_type="1-sqrt",
+                                       min_lr_ratio=0.0),
+              optim="stable_adamw", optim_args=f"decouple_lr=True,max_lr={args.modern_lr!r}",
+              weight_decay=1e-5, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6,
+              max_grad_norm=0.0)
+
+
 def hf_training_args(args, output_dir: str, plan: Optional[schedule.Plan], max_steps: int,
-                     warmup_steps: int):
+                     warmup_steps: int, side: str = "transformers", decay_steps: int = 0):
   import transformers
   save = dict(save_strategy="no") if plan is None else dict(
       save_strategy="steps", save_steps=plan.checkpoint_every_steps, save_total_limit=2)
   return transformers.TrainingArguments(
       output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=args.batch,
-      learning_rate=args.lr, warmup_steps=warmup_steps, lr_scheduler_type="linear",
-      weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6, max_grad_norm=1.0,
-      logging_steps=args.log_every, report_to=[], use_cpu=True, dataloader_num_workers=0,
-      seed=args.seed, disable_tqdm=True, remove_unused_columns=False, **save)
+      warmup_steps=warmup_steps, logging_steps=args.log_every, report_to=[], use_cpu=True,
+      dataloader_num_workers=0, seed=args.seed, disable_tqdm=True, remove_unused_columns=False,
+      **recipe_arguments(args, side, decay_steps), **save)
 
 
-def hf_trainer(args, info: dict, training_args, callbacks):
+class RampBatchSampler:
+  """Step s's batch: `rows_per_step[s]` indices, read in order from seeded permutations of the
+  dataset (a fresh one each time it is used up). Its length is the run's steps, so the Trainer
+  sees one epoch and its resume (`skip_first_batches`) skips exactly the steps trained."""
+
+  def __init__(self, size: int, rows_per_step: Sequence[int], seed: int):
+    self.size, self.rows_per_step, self.seed = size, list(rows_per_step), seed
+
+  def __len__(self) -> int:
+    return len(self.rows_per_step)
+
+  def __iter__(self):
+    rng = np.random.default_rng(self.seed)
+    order, position = rng.permutation(self.size), 0
+    for rows in self.rows_per_step:
+      batch: List[int] = []
+      while len(batch) < rows:
+        if position == self.size:
+          order, position = rng.permutation(self.size), 0
+        take = min(rows - len(batch), self.size - position)
+        batch += order[position:position + take].tolist()
+        position += take
+      yield batch
+
+
+def ramp_trainer(rows_per_step: Sequence[int], **kwargs):
+  """A `transformers.Trainer` whose training batches follow `rows_per_step` (the batch warm-up;
+  the Trainer's documented way to change its data: its `get_train_dataloader` overridden)."""
+  import torch
+  import transformers
+
+  class RampTrainer(transformers.Trainer):
+    def get_train_dataloader(self):
+      sampler = RampBatchSampler(len(self.train_dataset), rows_per_step, self.args.seed)
+      loader = torch.utils.data.DataLoader(self.train_dataset, batch_sampler=sampler,
+                                           collate_fn=self.data_collator, num_workers=0)
+      return self.accelerator.prepare(loader)
+
+  return RampTrainer(**kwargs)
+
+
+def hf_trainer(args, info: dict, training_args, callbacks, side: str = "transformers",
+               rows_per_step: Optional[Sequence[int]] = None):
+  """The side's Trainer: BERT's NSP-pair instances masked at 15%, or the contiguous rows masked
+  at `--modern_masking` with each step's batch from `rows_per_step` (the modern recipe)."""
   import transformers
   paths = prepared.data_paths(args.out)
   tokenizer = hf_tokenizer(paths["vocab.txt"])
-  dataset = InstanceDataset(paths["train_instances.npz"], tokenizer.cls_token_id,
-                            tokenizer.sep_token_id)
+  modern_side = common.RECIPE[side] == "modern"
+  dataset = InstanceDataset(
+      paths["train_contiguous_instances.npz" if modern_side else "train_instances.npz"],
+      tokenizer.cls_token_id, tokenizer.sep_token_id)
   collator = transformers.DataCollatorForLanguageModeling(
-      tokenizer, mlm=True, mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1)
-  model = hf_model(args, info, args.seed)
-  trainer = transformers.Trainer(model=model, args=training_args, train_dataset=dataset,
-                                 data_collator=collator, callbacks=callbacks)
+      tokenizer, mlm=True, mlm_probability=args.modern_masking if modern_side else 0.15,
+      mask_replace_prob=0.8, random_replace_prob=0.1)
+  model = hf_model(args, info, args.seed, side)
+  kwargs = dict(model=model, args=training_args, train_dataset=dataset, data_collator=collator,
+                callbacks=callbacks)
+  if modern_side:
+    trainer = ramp_trainer(rows_per_step or [args.batch] * training_args.max_steps, **kwargs)
+  else:
+    trainer = transformers.Trainer(**kwargs)
   return trainer, tokenizer
 
 
@@ -204,33 +314,37 @@ def quiet_transformers():
   transformers.utils.logging.disable_progress_bar()
 
 
-def calibrate_hf(args, info: dict) -> schedule.Calibration:
-  """The Trainer's speed: 3 windows of `calibration_steps` steps of the same setup."""
+def calibrate_hf(args, info: dict, side: str = "transformers") -> schedule.Calibration:
+  """The Trainer's speed: 3 windows of `calibration_steps` steps of the same setup (the full
+  batch: no ramp)."""
   k = args.calibration_steps
-  directory = os.path.join(args.out, "transformers", "calibration")
+  directory = os.path.join(args.out, side, "calibration")
   shutil.rmtree(directory, ignore_errors=True)
   times = make_step_times()
-  trainer, _ = hf_trainer(args, info, hf_training_args(args, directory, None, 3 * k, k), [times])
+  trainer, _ = hf_trainer(args, info, hf_training_args(args, directory, None, 3 * k, k, side),
+                          [times], side)
   trainer.train()
   marks = [times.start] + [times.ends[i * k - 1] for i in (1, 2, 3)]
   shutil.rmtree(directory, ignore_errors=True)
   return schedule.Calibration.from_windows([(k, b - a) for a, b in zip(marks, marks[1:])])
 
 
-def run_hf(args) -> dict:
-  """Pre-trains `BertForPreTraining` with `transformers.Trainer` (resuming its checkpoints)."""
+def run_hf(args, side: str = "transformers") -> dict:
+  """Pre-trains the side's model with `transformers.Trainer` (resuming its checkpoints)."""
   import torch
   from transformers.trainer_utils import get_last_checkpoint
   quiet_transformers()
   torch.set_num_threads(args.threads)
   info = prepared.read_data_info(args.out)
-  side_dir = os.path.join(args.out, "transformers")
+  side_dir = os.path.join(args.out, side)
   final_dir = os.path.join(side_dir, "final")
   if os.path.exists(os.path.join(side_dir, "summary.json")):
-    print(f"[transformers] {side_dir}/summary.json exists: done", flush=True)
+    print(f"[{side}] {side_dir}/summary.json exists: done", flush=True)
     with open(os.path.join(side_dir, "summary.json")) as f:
       return json.load(f)
-  plan = schedule.load_or_make_plan(args, "transformers", lambda: calibrate_hf(args, info))
+  eval_sets = prepared.load_eval_sets(args.out)
+  plan = schedule.load_or_make_plan(args, side, lambda: calibrate_hf(args, info, side),
+                                    info["seq"])
   output_dir = os.path.join(side_dir, "trainer")
   os.makedirs(output_dir, exist_ok=True)
   curve_path = os.path.join(side_dir, "curve.jsonl")
@@ -239,17 +353,17 @@ def run_hf(args) -> dict:
   if resume:
     with open(os.path.join(resume, "clock.json")) as f:
       prior = json.load(f)
-    print(f"[transformers] resuming from {resume} ({prior['seconds'] / 60:.1f} min trained)",
+    print(f"[{side}] resuming from {resume} ({prior['seconds'] / 60:.1f} min trained)",
           flush=True)
   # The curve keeps the rows of the steps the resumed state has (as bert_jax's metrics.jsonl).
   kept = [r for r in common.read_jsonl(curve_path) if r["step"] <= prior["step"]]
   common.write_jsonl(curve_path, kept)
-  batches = prepared.load_batches(prepared.data_paths(args.out)["eval_batches.npz"])
-  clock = make_wall_clock(curve_path, batches, args.eval_every_minutes * 60, prior["seconds"],
-                          prior["next_eval"], kept[-1]["step"] if kept else -1)
+  clock = make_wall_clock(curve_path, eval_sets, args.eval_every_minutes * 60, prior["seconds"],
+                          prior["next_eval"], kept[-1]["step"] if kept else -1, side)
   training_args = hf_training_args(args, output_dir, plan, plan.num_train_steps,
-                                   plan.warmup_steps)
-  trainer, tokenizer = hf_trainer(args, info, training_args, [clock])
+                                   plan.warmup_steps, side, plan.decay_steps)
+  rows = [plan.rows(step) for step in range(plan.num_train_steps)] if plan.batch else None
+  trainer, tokenizer = hf_trainer(args, info, training_args, [clock], side, rows)
   start = time.time()
   trainer.train(resume_from_checkpoint=resume)
   trainer.save_model(final_dir)
@@ -257,8 +371,11 @@ def run_hf(args) -> dict:
   # transformers 5 writes tokenizer.json only; bert_jax's fine-tuning reads vocab.txt.
   shutil.copy(prepared.data_paths(args.out)["vocab.txt"], os.path.join(final_dir, "vocab.txt"))
   curve = common.read_jsonl(curve_path)
-  summary = dict(side="transformers", plan=plan.to_json(), steps=plan.num_train_steps,
-                 sequences=plan.num_train_steps * args.batch, train_seconds=clock.seconds,
+  summary = dict(side=side, recipe=common.RECIPE[side],
+                 settings=common.recipe_settings(args, side), plan=plan.to_json(),
+                 steps=plan.num_train_steps,
+                 sequences=plan.sequences() if plan.batch else plan.num_train_steps * args.batch,
+                 train_seconds=clock.seconds,
                  final=curve[-1] if curve else None, checkpoint=final_dir,
                  wall_seconds_this_call=time.time() - start, torch_threads=torch.get_num_threads(),
                  machine=bench_util.machine_line())

@@ -1,4 +1,8 @@
-"""`--prepare`: the vocabulary, the records, the held-out batches both sides are scored on."""
+"""`--prepare`: the vocabulary, the records, the held-out batches every side is scored on.
+
+Two parts, each built once: BERT's (NSP-pair records, the held-out pairs set) and the modern
+recipe's (contiguous-text records, the held-out text set), the second added to an OUT/data that
+has only the first when `--prepare` runs again."""
 import json
 import math
 import os
@@ -13,7 +17,10 @@ from benchmarks.time_to_quality import common, corpus
 def data_paths(out: str) -> Dict[str, str]:
   data = os.path.join(out, "data")
   names = ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord",
-           "eval_batches.npz", "train_instances.npz", common.DATA_DONE)
+           "eval_batches.npz", "train_instances.npz", common.DATA_DONE,
+           # the contiguous-text part (the modern recipe's data, the held-out text set)
+           "train_contiguous.tfrecord", "eval_contiguous.tfrecord", "eval_text_batches.npz",
+           "train_contiguous_instances.npz")
   return {name: os.path.join(data, name) for name in names}
 
 
@@ -23,6 +30,25 @@ def read_data_info(out: str) -> dict:
     raise FileNotFoundError(f"{path} not found: run --prepare first")
   with open(path) as f:
     return json.load(f)
+
+
+def contiguous_info(out: str) -> dict:
+  """The contiguous-text part of OUT/data (DONE.json's `contiguous`), or an error saying how to
+  add it."""
+  info = read_data_info(out)
+  if "contiguous" not in info:
+    raise FileNotFoundError(f"{data_paths(out)[common.DATA_DONE]} has no contiguous-text part "
+                            "(prepared before the modern sides existed): run --prepare again, "
+                            "it adds that part and keeps the rest")
+  return info["contiguous"]
+
+
+def load_eval_sets(out: str) -> Dict[str, List[common.Batch]]:
+  """The fixed held-out sets every side is scored on: {"pairs": batches, "text": batches}."""
+  contiguous_info(out)
+  paths = data_paths(out)
+  return {"pairs": load_batches(paths["eval_batches.npz"]),
+          "text": load_batches(paths["eval_text_batches.npz"])}
 
 
 def jax_config(args, info: dict):
@@ -70,19 +96,74 @@ def load_batches(path: str) -> List[common.Batch]:
 
 
 def read_instances(record_path: str, seq: int) -> Dict[str, np.ndarray]:
-  """The unmasked training instances as compact numpy arrays (what the Trainer's dataset holds)."""
+  """The unmasked training instances as compact numpy arrays (what the Trainer's dataset holds):
+  input_ids and lengths, and for NSP pairs segment_ids and next_sentence_labels."""
   import tensorflow as tf
   from data_pipelines import features as F
-  spec = F.dynamic_feature_spec(seq)
-  parts: Dict[str, List[np.ndarray]] = {"input_ids": [], "segment_ids": [], "lengths": [],
-                                        "next_sentence_labels": []}
+  from data_pipelines import input_pipeline
+  nsp = input_pipeline.has_nsp_labels(record_path)
+  spec = F.dynamic_feature_spec(seq, next_sentence_labels=nsp)
+  names = ("input_ids", "lengths") + (("segment_ids", "next_sentence_labels") if nsp else ())
+  parts: Dict[str, List[np.ndarray]] = {name: [] for name in names}
   for batch in tf.data.TFRecordDataset(record_path).batch(4096).map(
       lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
     parts["input_ids"].append(batch[F.INPUT_IDS].astype(np.int32))
-    parts["segment_ids"].append(batch[F.SEGMENT_IDS].astype(np.int8))
     parts["lengths"].append(batch[F.INPUT_MASK].sum(axis=1).astype(np.int32))
-    parts["next_sentence_labels"].append(batch[F.NEXT_SENTENCE_LABELS][:, 0].astype(np.int8))
+    if nsp:
+      parts["segment_ids"].append(batch[F.SEGMENT_IDS].astype(np.int8))
+      parts["next_sentence_labels"].append(batch[F.NEXT_SENTENCE_LABELS][:, 0].astype(np.int8))
   return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _batch_counts(batches: Sequence[common.Batch]) -> dict:
+  return dict(eval_batches=len(batches),
+              eval_sequences=int(sum(b["example_weight"].sum() for b in batches)),
+              eval_masked_tokens=int(sum(b["masked_lm_weights"].sum() for b in batches)))
+
+
+def prepare_contiguous(args, info: dict) -> dict:
+  """OUT/data's contiguous-text part: the same training and held-out documents and vocabulary as
+  the pairs, as `create_pretraining_data --instances=contiguous` rows (each document followed by
+  [SEP], the stream cut into [CLS] + seq - 2 tokens + [SEP]; `--dupe_factor` passes over the
+  training documents, each in a fresh order, so each pass cuts the rows elsewhere; the held-out
+  documents once); the held-out rows masked once at 15% by bert_jax's evaluation pipeline (the
+  text set, OUT/data/eval_text_batches.npz); the training rows as numpy for transformers."""
+  from bert_jax.text import tokenization
+  from data_pipelines import create_pretraining_data
+  paths = data_paths(args.out)
+  tokenizer = tokenization.FullTokenizer(paths["vocab.txt"], do_lower_case=True)
+  start = time.time()
+  instances = {}
+  for split in ("train", "eval"):
+    stats = create_pretraining_data.create_pretraining_data(
+        [paths[f"{split}.txt"]], [paths[f"{split}_contiguous.tfrecord"]], tokenizer,
+        max_seq_length=info["seq"], max_predictions_per_seq=info["max_predictions"],
+        random_seed=info["seed"], dupe_factor=args.dupe_factor if split == "train" else 1,
+        masking="dynamic", instances="contiguous", num_workers=args.data_workers,
+        progress=False)
+    instances[split] = stats.instances
+  seconds = dict(records=time.time() - start)
+  print(f"contiguous records: {instances} ({seconds['records']:.0f} s)", flush=True)
+  start = time.time()
+  # BERT's evaluation config read over the contiguous rows: the same 15%, 80/10/10, cap and seed
+  # as the pairs set (objective mlm: these rows have no NSP labels).
+  config = jax_config(args, dict(info, eval_batches=0))
+  config.objective = "mlm"
+  config.data.eval_input_files = paths["eval_contiguous.tfrecord"]
+  batches = eval_batches_from_pipeline(config, args.eval_sequences)
+  save_batches(paths["eval_text_batches.npz"], batches)
+  arrays = read_instances(paths["train_contiguous.tfrecord"], info["seq"])
+  np.savez(paths["train_contiguous_instances.npz"], **arrays)
+  seconds["numpy"] = time.time() - start
+  part = dict(_batch_counts(batches), instances=instances,
+              mean_train_length=float(arrays["lengths"].mean()), dupe_factor=args.dupe_factor,
+              special=dict(pad=tokenizer.pad_id, cls=tokenizer.cls_id, sep=tokenizer.sep_id,
+                           mask=tokenizer.mask_id),
+              seconds=seconds)
+  info = dict(info, contiguous=part)
+  common.write_json(paths[common.DATA_DONE], info)
+  print(json.dumps(part, indent=1), flush=True)
+  return info
 
 
 def prepare(args) -> dict:
@@ -91,8 +172,13 @@ def prepare(args) -> dict:
   from data_pipelines import build_vocab, create_pretraining_data
   paths = data_paths(args.out)
   if os.path.exists(paths[common.DATA_DONE]):
-    print(f"{paths[common.DATA_DONE]} exists: the data is prepared", flush=True)
-    return read_data_info(args.out)
+    info = read_data_info(args.out)
+    if "contiguous" in info:
+      print(f"{paths[common.DATA_DONE]} exists: the data is prepared", flush=True)
+      return info
+    print(f"{paths[common.DATA_DONE]} exists without the contiguous-text part: adding it",
+          flush=True)
+    return prepare_contiguous(args, info)
   os.makedirs(os.path.dirname(paths[common.DATA_DONE]), exist_ok=True)
   seconds = {}
   start = time.time()
@@ -125,10 +211,7 @@ def prepare(args) -> dict:
   arrays = read_instances(paths["train.tfrecord"], args.seq)
   np.savez(paths["train_instances.npz"], **arrays)
   seconds["numpy"] = time.time() - start
-  info.update(eval_batches=len(batches),
-              eval_sequences=int(sum(b["example_weight"].sum() for b in batches)),
-              eval_masked_tokens=int(sum(b["masked_lm_weights"].sum() for b in batches)),
-              documents=counts, instances=instances,
+  info.update(_batch_counts(batches), documents=counts, instances=instances,
               mean_train_length=float(arrays["lengths"].mean()),
               settings=dict(vocab_size=args.vocab_size, dupe_factor=args.dupe_factor,
                             holdout_every=args.holdout_every,
@@ -139,4 +222,4 @@ def prepare(args) -> dict:
   with open(paths[common.DATA_DONE], "w") as f:
     json.dump(info, f, indent=1)
   print(json.dumps(info, indent=1), flush=True)
-  return info
+  return prepare_contiguous(args, info)

@@ -10,6 +10,7 @@ Internally every format is first turned into a flat dict {"bert/encoder/layer_0/
 in this project's names; the per-format code is only the renaming.
 """
 import json
+import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -227,11 +228,25 @@ def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
   return state
 
 
+# Set by a command-line program's `--allow_pickle` (bert_jax.main, bert_jax.export,
+# bert_jax.extract_features): the user's word that the pickle checkpoints this process loads
+# come from a source they trust; the jobs' own `load_pretrained` calls then take them.
+_pickle_trusted = False
+
+
+def trust_pickle_files() -> None:
+  """Lets every `load_pretrained` of this process read `pytorch_model.bin`-style pickles."""
+  global _pickle_trusted
+  _pickle_trusted = True
+
+
 def _read_pickle(path: str, allow_pickle: bool) -> Dict[str, np.ndarray]:
-  if not allow_pickle:
+  if not (allow_pickle or _pickle_trusted):
     raise ValueError(
         f"Refusing to load {path}: pickle files can run arbitrary code when loaded. Convert it to "
-        "safetensors, or pass allow_pickle=True (--allow_pickle) if you trust its source.")
+        "safetensors, or, if you trust its source, pass --allow_pickle to bert_jax.main, "
+        "bert_jax.export or bert_jax.extract_features (in Python: "
+        "load_pretrained(path, allow_pickle=True)).")
   import torch  # Only needed for this opt-in path.
   with filesystem.local_copy(path) as local:
     state = torch.load(local, map_location="cpu", weights_only=True)
@@ -380,7 +395,9 @@ def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertCon
 def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   """Writes a TF1-style checkpoint with the original variable names plus `bert_config.json`.
 
-  `prefix` may be a URL: TF's saver writes gs:// natively."""
+  `prefix` may be a URL: TF's saver checks nothing it writes there, so it writes into a local
+  folder that is uploaded file by file, every file checked (`filesystem.local_directory_target`).
+  The `checkpoint` state file names the prefix relative to its folder, as the upload needs."""
   if config.is_modern:
     raise ValueError("A TF1 checkpoint holds the original BERT's variables; a ModernBERT model "
                      "exports to transformers' format (export_huggingface) or save_pretrained")
@@ -388,12 +405,14 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   directory = filesystem.dirname(filesystem.absolute(prefix))
   filesystem.makedirs(directory)
   variables = _flat_to_tf(flatten(_per_layer(params, config)))
-  with tf.Graph().as_default():
-    tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
-    saver = tf.compat.v1.train.Saver(tf_vars)
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      saver.save(session, prefix, write_meta_graph=False)
+  with filesystem.local_directory_target(directory) as local:
+    with tf.Graph().as_default():
+      tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
+      saver = tf.compat.v1.train.Saver(tf_vars, save_relative_paths=True)
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        saver.save(session, os.path.join(local, prefix.rstrip("/").rsplit("/", 1)[-1]),
+                   write_meta_graph=False)
   tf_config = config.to_dict(include_runtime=False)
   if tf_config["hidden_act"] == "gelu_tanh":
     tf_config["hidden_act"] = "gelu"  # what the original code calls its tanh form

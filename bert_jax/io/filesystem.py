@@ -6,7 +6,11 @@ layer tf.data and TensorBoard use too. Orbax checkpoints take the same URLs (`et
 
 Every write to a URL is checked once it is closed: the object must be there with the bytes
 written (`WriteNotLandedError`, naming the path, otherwise), so that a write a store acknowledged
-but did not keep fails where it happened, not when a later step reads it back.
+but did not keep fails where it happened, not when a later step reads it back. Writers of other
+libraries that write to a URL themselves (TensorFlow's SavedModel, checkpoint and summary
+writers) check nothing: they write into a local directory instead (`local_directory_target`),
+uploaded file by file through the same checked `copy` and then listed against what was written
+(`upload_tree`, `check_tree_landed`).
 
 Timeouts and retries of every remote call, and the Cloud Storage emulator
 (`STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`, the convention of Google's client libraries: every
@@ -21,7 +25,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import IO, Iterator, List, Optional
+from typing import IO, Dict, Iterator, List, Optional
 
 from bert_jax.io import remote_storage
 
@@ -399,3 +403,69 @@ def local_target(path: str) -> Iterator[str]:
     local = os.path.join(directory, basename(path))
     yield local
     copy(local, path)
+
+
+# ----------------------------------------------------------------------------------- trees
+
+
+def tree_sizes(root: str) -> Dict[str, int]:
+  """{path below `root`, "/"-separated: size in bytes} of every file under `root`."""
+  root = root.rstrip("/") if is_url(root) else root
+  found = {}
+  for directory, _, files in (_gfile().walk(root) if is_url(root) else os.walk(root)):
+    directory = directory.rstrip("/") if is_url(directory) else directory
+    below = "" if directory == root else relpath(directory, root)
+    parts = [part for part in below.replace(os.sep, "/").split("/") if part]
+    for name in files:
+      found["/".join(parts + [name])] = getsize(join(directory, name))
+  return found
+
+
+def check_tree_landed(root: str, expected: Dict[str, int]) -> None:
+  """Fails, naming the first file, unless every file of `expected` ({path below `root`: bytes})
+  is under `root` with its size: a tree written file by file is whole only if its listing says
+  so, whatever each write answered."""
+  held = tree_sizes(root) if exists(root) else {}
+  missing = sorted(name for name in expected if name not in held)
+  short = sorted(name for name in expected if name in held and held[name] != expected[name])
+  if not missing and not short:
+    return
+  if missing:
+    shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+    raise WriteNotLandedError(
+        f"{join(root, missing[0])}: the write finished, but the object is not there ("
+        f"{len(missing)} of the {len(expected)} files written to {root} are missing: {shown}). "
+        "The store acknowledged files it did not keep.")
+  first = short[0]
+  raise WriteNotLandedError(f"{join(root, first)}: {expected[first]} bytes were written, but the "
+                            f"store holds {held[first]} bytes there.")
+
+
+def upload_tree(local_root: str, root: str) -> Dict[str, int]:
+  """Copies the local directory `local_root` to `root` (a URL or a local path) file by file,
+  each copy checked (`copy`), then checks the listing of `root` (`check_tree_landed`). Returns
+  {path below the root: bytes}, what `root` holds now."""
+  expected = tree_sizes(local_root)
+  makedirs(root)
+  for directory, _, _ in os.walk(local_root):   # empty folders too (assets/ of a SavedModel)
+    below = os.path.relpath(directory, local_root)
+    if below != ".":
+      makedirs(join(root, *below.split(os.sep)))
+  for name in sorted(expected):
+    copy(os.path.join(local_root, *name.split("/")), join(root, *name.split("/")))
+  check_tree_landed(root, expected)
+  return expected
+
+
+@contextlib.contextmanager
+def local_directory_target(path: str) -> Iterator[str]:
+  """A local directory to write a tree into, uploaded to `path` when the block ends, every file
+  checked (`upload_tree`): for writers that write URLs themselves and check nothing. A local path
+  is yielded as it is (made, if missing)."""
+  if not is_url(path):
+    makedirs(path)
+    yield path
+    return
+  with tempfile.TemporaryDirectory(prefix="bert_jax_") as directory:
+    yield directory
+    upload_tree(directory, path)

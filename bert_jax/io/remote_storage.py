@@ -43,6 +43,10 @@ emulator restarted empty sat in its next checkpoint's `makedirs`). `guard_makedi
 it with one that creates the levels from the bucket down; `filesystem` and
 `training_checkpoints` install it on `tf.io.gfile`, which Orbax's paths (`etils.epath`) call.
 
+A bucket name Cloud Storage rejects (`gs://bk/run`: 2 characters) is said at start, naming the
+rule (`check_paths`, which every command-line program calls on its paths): TensorFlow takes any
+name, TensorStore refuses one only when Orbax opens the first checkpoint's arrays, after hours.
+
 A command-line program (`configure(leave_at_once_after_error=True)`) leaves as soon as an error
 has ended it: traceback, exit status 1. Left to the interpreter's shutdown, every upload that
 had just failed would be tried again, once per layer that holds it (TensorFlow's writable files
@@ -50,8 +54,9 @@ retry their upload when they are destroyed), each time through the whole retry b
 process that has failed, but stays alive for as long as the store is down.
 """
 import os
+import re
 import sys
-from typing import Dict
+from typing import Dict, Iterable, Optional
 
 from bert_jax.io import storage_emulator
 
@@ -65,18 +70,24 @@ _MAX_DELAY_FACTOR = 32   # the longest wait between two attempts, in first waits
 _DERIVED = "BERT_JAX_STORAGE_DERIVED"
 
 
-def _number(name: str) -> float:
+def number_from_env(name: str, default: float, positive: bool = True) -> float:
+  """The number in environment variable `name` (`default` when unset or empty): positive, or
+  zero or more with positive=False; an error naming the variable otherwise."""
   text = os.environ.get(name, "").strip()
   if not text:
-    return _DEFAULTS[name]
+    return default
   try:
     value = float(text)
   except ValueError:
     raise ValueError(f"Environment variable {name}={text!r} is not a number.") from None
-  if value < 0 or (name == TIMEOUT and value == 0):
+  if value < 0 or (positive and value == 0):
     raise ValueError(f"Environment variable {name}={text!r} must be "
-                     f"{'positive' if name == TIMEOUT else 'zero or more'}.")
+                     f"{'positive' if positive else 'zero or more'}.")
   return value
+
+
+def _number(name: str) -> float:
+  return number_from_env(name, _DEFAULTS[name], positive=name == TIMEOUT)
 
 
 def timeout_secs() -> float:
@@ -155,6 +166,69 @@ def _leave_at_once(kind, error, trace) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access
+
+
+class BadBucketNameError(ValueError):
+  """A `gs://` path whose bucket name Cloud Storage rejects: said at start, naming the rule."""
+
+
+NAMING_RULES = "https://cloud.google.com/storage/docs/buckets#naming"
+_BUCKET_CHARACTERS = re.compile(r"[a-z0-9_.-]*")
+_DOTTED_DECIMAL = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
+
+
+def bucket_name_problem(bucket: str, written: bool = False) -> Optional[str]:
+  """The rule of Cloud Storage's bucket naming that `bucket` breaks, or None.
+
+  The rules every bucket meets (TensorStore checks them when Orbax first opens an array, so a
+  name that breaks one fails only at the first checkpoint): 3 to 63 characters, or up to 222
+  with dots, each dot-separated part 1 to 63 characters and neither starting nor ending with
+  '-'; lowercase letters, digits, '-', '_' and '.'; a letter or digit first and last.
+  `written` (a path the command writes: the bucket is the user's own) adds the rules for names a
+  user can create: not an IP address, no "goog" prefix, no "google" (Google's own buckets, e.g.
+  gs://google-code-archive, are read, never written)."""
+  if not 3 <= len(bucket) <= 222 or ("." not in bucket and len(bucket) > 63):
+    return (f"has {len(bucket)} characters: a bucket name has 3 to 63 (up to 222 when it has "
+            "dots, each dot-separated part at most 63)")
+  bad = next((c for c in bucket if not _BUCKET_CHARACTERS.fullmatch(c)), None)
+  if bad is not None:
+    return (f"has {bad!r}: a bucket name has only lowercase letters, digits, '-', '_' and '.'")
+  if not (bucket[0].isalnum() and bucket[-1].isalnum()):
+    return "must start and end with a letter or a digit"
+  part = next((p for p in bucket.split(".")
+               if not 1 <= len(p) <= 63 or p.startswith("-") or p.endswith("-")), None)
+  if part is not None:
+    return (f"has the dot-separated part {part!r}: each part has 1 to 63 characters and "
+            "neither starts nor ends with '-'")
+  if written and _DOTTED_DECIMAL.fullmatch(bucket):
+    return "is an IP address in dotted-decimal notation"
+  if written and bucket.startswith("goog"):
+    return "starts with \"goog\" (reserved for Google)"
+  if written and "google" in bucket:
+    return "contains \"google\" (reserved for Google)"
+  return None
+
+
+def check_path(path: str, what: str, written: bool = False) -> None:
+  """Raises BadBucketNameError, naming `what` (e.g. "--workdir") and the rule, if `path` is a
+  `gs://` path whose bucket Cloud Storage rejects. Other paths pass."""
+  if not path.startswith("gs://"):
+    return
+  bucket = path[len("gs://"):].partition("/")[0]
+  problem = bucket_name_problem(bucket, written)
+  if problem:
+    raise BadBucketNameError(f"{what}={path}: the bucket name {bucket!r} {problem} "
+                             f"(Cloud Storage's bucket naming rules: {NAMING_RULES}).")
+
+
+def check_paths(paths: Dict[str, object], written: Iterable[str] = ()) -> None:
+  """`check_path` on every `gs://` path among `paths` ({what: value}; a value may be a comma
+  list, values that are not strings are skipped); the keys in `written` are outputs."""
+  written = set(written)
+  for what, value in paths.items():
+    if isinstance(value, str) and "gs://" in value:
+      for path in value.split(","):
+        check_path(path.strip(), what, written=what in written)
 
 
 class MissingBucketError(FileNotFoundError):

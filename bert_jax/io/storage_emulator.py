@@ -20,8 +20,12 @@ that one variable before they are first used:
 * TensorFlow's stat and block caches are turned off, so that several processes (hosts) see each
   other's writes at once, as they do on real Cloud Storage.
 
-Nothing here runs unless `STORAGE_EMULATOR_HOST` is set. The relay needs the `cryptography`
-package (`pip install "bert_jax[emulator]"`).
+Nothing here runs unless `STORAGE_EMULATOR_HOST` is set, and then it says so once on stderr,
+naming the variable and the emulator: a variable left set from a test must not send a real run's
+`gs://` paths to plain HTTP unnoticed. The fixed token goes to the emulator only: a variable
+naming one of Google's own hosts is an error, and a child process started without the variable
+drops the settings its parent made for an emulator (`configure`). The relay needs the
+`cryptography` package (`pip install "bert_jax[emulator]"`).
 """
 import asyncio
 import datetime
@@ -45,38 +49,77 @@ _GOOGLE_HOSTS = ("storage.googleapis.com", "www.googleapis.com", "oauth2.googlea
 _relay: Optional[subprocess.Popen] = None
 
 
+# The variables `configure` set for an emulator, with the values they had before (JSON, null:
+# unset): a child process inherits them, and puts those values back when it runs without
+# `STORAGE_EMULATOR_HOST`, so that its gs:// paths go to Cloud Storage with its own
+# credentials, never with the emulator's fixed token.
+_DERIVED = "BERT_JAX_EMULATOR_DERIVED"
+_warned_for: Optional[str] = None   # the emulator this process has warned about
+
+
 def emulator_url() -> Optional[str]:
-  """`STORAGE_EMULATOR_HOST` as `http://host:port` (no trailing slash), or None."""
+  """`STORAGE_EMULATOR_HOST` as `http://host:port` (no trailing slash), or None. An emulator on
+  one of Google's own hosts is an error: the fixed token is for an emulator only."""
   host = os.environ.get(ENV, "").strip()
   if not host:
     return None
-  return (host if "://" in host else "http://" + host).rstrip("/")
+  url = (host if "://" in host else "http://" + host).rstrip("/")
+  name = (urllib.parse.urlsplit(url).hostname or "").lower()
+  if name.endswith(("googleapis.com", ".google.com")):
+    raise ValueError(f"{ENV}={host} names Google's own host {name}: {ENV} is for a local Cloud "
+                     "Storage emulator (e.g. http://127.0.0.1:4443), reached with a fixed test "
+                     f"token instead of credentials. Unset {ENV} to use Cloud Storage.")
+  return url
 
 
 def configure(timeout_secs: float = 60.0) -> None:
-  """Points each layer's own setting at the emulator, if `STORAGE_EMULATOR_HOST` is set.
+  """Points each layer's own setting at the emulator, if `STORAGE_EMULATOR_HOST` is set, and
+  says so once on stderr (a variable left set from a test would otherwise send every gs:// path
+  to it, silently); without it, drops what a parent process set for its emulator.
 
   `timeout_secs`: how long the relay waits for the emulator's answer to a request (after that
   it answers 504, which the caller retries; `remote_storage` sets the callers' budgets).
   Idempotent; a child process inherits the settings and the parent's relay."""
   url = emulator_url()
   if url is None:
+    for name, before in json.loads(os.environ.pop(_DERIVED, "{}")).items():
+      if before is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = before
     return
-  os.environ.update({
+  _warn_once(url)
+  settings = {
       "TENSORSTORE_GCS_HTTP_URL": url,
       "NO_GCE_CHECK": "true",                     # never probe the GCE metadata server
       "GCS_STAT_CACHE_MAX_AGE": "0",
       "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0",
       "GCS_READ_CACHE_MAX_SIZE_MB": "0",
-  })
-  os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
-  if os.environ.get(_RELAY_FOR) == url and os.environ.get("https_proxy"):
-    return   # a relay for this emulator already serves this process tree
-  port, ca_file = _start_relay(url, timeout_secs)
-  proxy = f"http://127.0.0.1:{port}"
-  no_proxy = "127.0.0.1,localhost"
-  os.environ.update({"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": no_proxy,
+  }
+  if "GOOGLE_AUTH_TOKEN_FOR_TESTING" not in os.environ:
+    settings["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "emulator"
+  if not (os.environ.get(_RELAY_FOR) == url and os.environ.get("https_proxy")):
+    port, ca_file = _start_relay(url, timeout_secs)
+    proxy = f"http://127.0.0.1:{port}"
+    no_proxy = "127.0.0.1,localhost"
+    settings.update({"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": no_proxy,
                      "NO_PROXY": no_proxy, "CURL_CA_BUNDLE": ca_file, _RELAY_FOR: url})
+  # else: a relay for this emulator already serves this process tree
+  before = json.loads(os.environ.get(_DERIVED, "{}"))
+  for name in settings:
+    before.setdefault(name, os.environ.get(name))
+  os.environ.update(settings)
+  os.environ[_DERIVED] = json.dumps(before, sort_keys=True)
+
+
+def _warn_once(url: str) -> None:
+  global _warned_for
+  if _warned_for == url:
+    return
+  _warned_for = url
+  print(f"WARNING: {ENV}={os.environ[ENV].strip()} is set: every gs:// path goes to the storage "
+        f"emulator at {url} (plain HTTP, a fixed test token), not to Cloud Storage. Unset {ENV} "
+        "to use Cloud Storage.", file=sys.stderr, flush=True)
 
 
 def _start_relay(url: str, timeout_secs: float):

@@ -101,7 +101,8 @@ def _turn(x: Array, cos: Array, sin: Array) -> Array:
   copies of x, in x's dtype. Under bfloat16 the tables are rounded to bfloat16 as transformers
   rounds them; it then multiplies in float32, which here materialised float32 copies of q and k
   (compiled for a v5litepod-8, a 4-layer ModernBERT-base step moved 38.2 GB per chip with the
-  float32 products, 32.2 GB without: benchmarks/RESULTS.md). In float32 both are the same."""
+  float32 products, 32.2 GB without: benchmarks/history/2026-11-25-modern-encoders.md). In
+  float32 both are the same."""
   half = x.shape[-1] // 2
   cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
   first, second = x[..., :half], x[..., half:]
@@ -187,7 +188,8 @@ class Attention(nn.Module):
   For the splash kernel (TPU) the projections write and read the kernel's heads-first layout
   [B, N, S, D] directly, so no transpose of q, k, v or the output is materialised (compiled for
   a v5litepod-8, the transposes and the rotary positions' backward were the largest elementwise
-  traffic of the step; benchmarks/RESULTS.md); the other paths keep [B, S, N, D]."""
+  traffic of the step; benchmarks/history/2026-11-25-modern-encoders.md); the other paths keep
+  [B, S, N, D]."""
   config: BertConfig
   is_global: bool
 

@@ -211,7 +211,7 @@ def xla_attention(q, k, v, bias, dropout, float32_logits: bool = True):
   Heads go first and the keys are transposed once, so that both products are plain batched
   matmuls; with einsums over [B, S, N, D] XLA's CPU backend copied the operands into that layout
   inside the step and ran the products slower (BERT-mini step 1.03x faster this way,
-  benchmarks/RESULTS.md).
+  benchmarks/history/2026-11-23.md).
   """
   head_dim = q.shape[-1]
   q = q.transpose(0, 2, 1, 3) / jnp.sqrt(head_dim).astype(q.dtype)           # [B, N, S, D]
@@ -230,6 +230,6 @@ def word_lookup(table, ids, dtype):
   that the gradient's scatter-add sums each token's cotangents in float32. Cast first, the sum
   runs in bfloat16: a token seen hundreds of times a batch ([CLS], [SEP], "the") loses most of its
   gradient's precision, and on GPU the bfloat16 atomic adds were also slower
-  (benchmarks/RESULTS.md).
+  (benchmarks/history/2026-11-23-gpu-step.md).
   """
   return jnp.take(table, ids, axis=0).astype(dtype)                          # [B, S, H]

@@ -9,16 +9,26 @@ each evaluation and checkpoint (`pause` / `resume`), and at the end.
   seconds since the last line;
 * `NonFiniteAbort`: `skipped_steps_total`; `max_consecutive_skips` non-finite steps in a row
   abort the run with `NonFiniteLossError`;
-* `Profiler`: `config.profile_steps="START,COUNT"`, a jax.profiler trace in WORKDIR/profile.
+* `Profiler`: `config.profile_steps="START,COUNT"`, a jax.profiler trace in WORKDIR/profile;
+* `StepWatchdog`: `config.step_timeout_seconds`, a step (or the wait for its batch) that takes
+  longer dumps every thread's stack and ends the process (status 124).
 """
+import collections
 import contextlib
 import dataclasses
+import faulthandler
+import os
+import sys
+import tempfile
+import threading
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import jax
 import numpy as np
 from absl import logging
+
+from bert_jax.io import filesystem
 
 Metrics = Dict[str, float]
 Batch = Dict[str, np.ndarray]
@@ -198,3 +208,163 @@ class Profiler(Action):
     self._tracing = False
     print(f"Profile of steps {self.start_step + 1}-{step} written to {self.directory}",
           flush=True)
+
+
+WATCHDOG_EXIT_STATUS = 124   # as coreutils' `timeout`: the command ran out of time
+
+
+class StepWatchdog(Action):
+  """`config.step_timeout_seconds` (0: off): a host stuck in a step (a collective whose partner
+  hangs while its heartbeat goes on, a device that stops) or in the wait for the next batch (a
+  dead input thread, a store that never answers) would hang the whole slice for good. Past the
+  bound the watchdog writes the stacks of all threads (faulthandler) to stderr and to
+  `WORKDIR/watchdog_stacks.process_<i>.txt`, and ends the process with status 124 at once
+  (`os._exit`: a stuck collective never returns, so nothing else would end it); the job's
+  scheduler restarts it and it resumes from its newest checkpoint.
+
+  Steps are dispatched ahead of the device, so the time of a step is taken on the device's side:
+  a thread polls the outputs of the steps in flight, and the oldest one must finish within the
+  bound of the moment it could start (its dispatch, or the end of the step before). With no
+  step in flight, the loop itself must dispatch the next one within the bound (its batch, the
+  logging between). It starts once the first step of the run has finished, so compilation and
+  a first step of any length do not count; evaluations and checkpoints do not count either
+  (the loop pauses its actions around them)."""
+
+  def __init__(self, seconds: float, workdir: str, process_index: Optional[int] = None):
+    self.seconds, self.workdir = float(seconds or 0), workdir
+    self.process_index = process_index
+    self._lock = threading.Lock()
+    self._in_flight = collections.deque()   # (step, an output array, dispatched at)
+    self._dispatching: Optional[int] = None  # the step between its batch and its dispatch
+    self._next_step = 0
+    self._armed = self._paused = False
+    self._last_event = self._last_done = 0.0
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  @property
+  def enabled(self) -> bool:
+    return self.seconds > 0
+
+  def start(self, step: int) -> None:
+    if not self.enabled:
+      return
+    if self.process_index is None:
+      self.process_index = jax.process_index()
+    self._armed, self._paused, self._last_event = False, False, time.monotonic()
+    self._in_flight.clear()
+    self._dispatching, self._next_step = None, step + 1
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
+    self._thread.start()
+
+  def before_step(self, step: int, batch: Batch) -> None:
+    if self.enabled:
+      with self._lock:
+        # The batch came; the step is dispatched next (on some backends its computation runs
+        # right there, before the dispatch returns).
+        self._last_event, self._dispatching = time.monotonic(), step + 1
+
+  def after_step(self, step: int, outputs) -> None:
+    if not self.enabled:
+      return
+    leaves = jax.tree_util.tree_leaves(outputs[1] if isinstance(outputs, tuple) else outputs)
+    # The metrics, not the state: the state's arrays are donated to the next step (deleted).
+    probe = next((leaf for leaf in leaves if hasattr(leaf, "is_ready")), None)
+    with self._lock:
+      now = time.monotonic()
+      self._last_event, self._dispatching, self._next_step = now, None, step + 1
+      self._in_flight.append((step, probe, now))
+
+  def pause(self) -> None:
+    if self.enabled:
+      with self._lock:
+        self._paused = True
+        self._in_flight.clear()   # the loop waited for every step before pausing
+
+  def resume(self) -> None:
+    if self.enabled:
+      with self._lock:
+        self._paused, self._last_event = False, time.monotonic()
+        self._last_done = self._last_event
+
+  def end(self, step: int) -> None:
+    if self._thread is not None:
+      self._stop.set()
+      self._thread.join(timeout=5.0)
+      self._thread = None
+
+  # ---------------------------------------------------------------------------- the thread
+
+  def _watch(self) -> None:
+    tick = min(1.0, self.seconds / 4)
+    while not self._stop.wait(tick):
+      late = self.overdue(time.monotonic())
+      if late:
+        self._fire(late)
+
+  def overdue(self, now: float) -> Optional[str]:
+    """What is late at `now` (time.monotonic()), or None; the watchdog's thread asks each tick."""
+    with self._lock:
+      while self._in_flight and _ready(self._in_flight[0][1]):
+        self._in_flight.popleft()
+        self._armed, self._last_done = True, now
+      if not self._armed or self._paused:
+        return None
+      if self._in_flight:
+        step, _, dispatched = self._in_flight[0]
+        since = max(dispatched, self._last_done)
+        if now - since > self.seconds:
+          return f"step {step} has not finished {now - since:.0f} s after it could start"
+      elif now - self._last_event > self.seconds:
+        waited = now - self._last_event
+        if self._dispatching is not None:
+          return (f"step {self._dispatching} has not finished {waited:.0f} s after its batch "
+                  "came (it runs as it is dispatched, or waits to be)")
+        return (f"no batch for step {self._next_step} in {waited:.0f} s (the input pipeline, "
+                "or the loop between steps)")
+    return None
+
+  def _fire(self, late: str) -> None:
+    print(f"\n!!! Step watchdog: {late}, more than config.step_timeout_seconds="
+          f"{self.seconds:g}. Stacks of every thread follow (also in {self._stacks_path()}); "
+          f"the process exits with status {WATCHDOG_EXIT_STATUS}, and the same command "
+          "resumes from the newest checkpoint.", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    with contextlib.suppress(Exception):   # the stacks are on stderr whatever happens here
+      self._write_stacks(late)
+    sys.stdout.flush()
+    os._exit(WATCHDOG_EXIT_STATUS)  # pylint: disable=protected-access
+
+  def _stacks_path(self) -> str:
+    return self.workdir.rstrip("/") + f"/watchdog_stacks.process_{self.process_index}.txt"
+
+  def _write_stacks(self, late: str) -> None:
+    path = self._stacks_path()
+    if "://" not in path:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(f"Step watchdog: {late} (config.step_timeout_seconds={self.seconds:g})\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+      return
+    # A remote workdir: faulthandler writes to a real file, then a copy that may not hang the
+    # exit (the store can be what is stuck).
+    with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
+      f.write(f"Step watchdog: {late} (config.step_timeout_seconds={self.seconds:g})\n")
+      f.flush()
+      faulthandler.dump_traceback(file=f, all_threads=True)
+    copier = threading.Thread(target=filesystem.copy, args=(f.name, path), daemon=True)
+    copier.start()
+    copier.join(timeout=20.0)
+
+
+def _ready(probe) -> bool:
+  """Whether a step's output array has been computed (an output that is not a jax array,
+  or none: at once)."""
+  if probe is None:
+    return True
+  try:
+    return probe.is_ready()
+  except RuntimeError:   # deleted (donated by a caller): it was computed
+    return True

@@ -1,6 +1,6 @@
 """A job spec: everything that defines a training job, built once by the job's `make_job` and
 used unchanged by whoever runs it: `run` on real devices, `--compile_for` on a TPU slice's
-abstract devices (`tasks.compile_report`), and the benchmarks. So the step that is compiled,
+abstract devices (`tasks.tools.compile_report`), and the benchmarks. So the step that is compiled,
 profiled and timed is the step that trains.
 
     job = pretraining.make_job(config)
@@ -81,7 +81,7 @@ def run(job: Job, workdir: str, par) -> Outcome:
   trainer = Trainer(job.name, workdir, par, job.settings, iterator=batches.iterator,
                     console_keys=job.console_keys, throughput=job.throughput)
   try:
-    state = trainer.restore(state)
+    state = trainer.restore(state, model=job.model)
     if not trainer.resumed and job.warm_start is not None:
       state = job.warm_start(state, par)
     evaluate = job.evaluator(trainer) if job.evaluator is not None else None

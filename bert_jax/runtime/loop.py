@@ -8,25 +8,30 @@
 (`runtime.job.run` does this for a job.) What it does, the same for every job:
 * restore: the newest readable checkpoint of `WORKDIR/checkpoints` with the input position
   (`iterator`, a tf.data iterator, if the job has one; a job whose batch is a pure function of the
-  step has none) and the training clock; an unreadable one is set aside
-  (`io.training_checkpoints`). `metrics.jsonl` is cut back to the restored step, so a killed and
-  restarted run leaves exactly the lines of an uninterrupted one.
+  step has none) and the training clock; a damaged one is set aside, one of another model or
+  one that cannot be read now stops the run with nothing moved (`io.training_checkpoints`).
+  `metrics.jsonl` is cut back to the restored step, so a killed and restarted run leaves exactly
+  the lines of an uninterrupted one.
 * the compiled step `step_fn(state, device_batch, rng)` on `next_batch(step)`, placed by `par`.
 * every `log_every_steps` (and at the last step) one training line to `metrics.jsonl`,
   TensorBoard and the console (with an ETA): the step's metrics plus what each action adds.
 * evaluation when `eval_at(step)` (and at the last step): `evaluate(state, step)` returns the
   metrics to log (split "eval").
 * checkpoints every `checkpoint_every_steps`, at evaluations if `checkpoint_at_evaluations`, at
-  the last step, and on SIGTERM / preemption, after which the loop returns (exit status 0).
+  the last step, and on a preemption notice (SIGTERM, the metadata server: `runtime.preemption`),
+  after which the loop returns (exit status 0).
 * only process 0 writes metrics (`runtime.outputs`).
 
 Cross-cutting work hangs on the loop as actions (`runtime.actions`): the training clock
 (`train_seconds`, paused during evaluations and checkpoints, saved with them), the throughput
 window, the abort after `max_consecutive_skips` non-finite steps in a row (they are skipped on
-the device, `runtime.step`), the profiler (`config.profile_steps`), and any the caller adds
+the device, `runtime.step`), the profiler (`config.profile_steps`), the step watchdog
+(`config.step_timeout_seconds`), and any the caller adds
 (`Trainer(..., actions=[...])`).
 """
 import dataclasses
+import functools
+import time
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
@@ -34,7 +39,7 @@ import numpy as np
 
 from bert_jax.io import training_checkpoints
 from bert_jax.runtime.actions import (Action, Batch, Metrics, NonFiniteAbort,
-                                      NonFiniteLossError, Profiler, Throughput,
+                                      NonFiniteLossError, Profiler, StepWatchdog, Throughput,
                                       ThroughputWindow, TrainClock)
 from bert_jax.runtime.metric_writers import MetricWriter
 from bert_jax.runtime.preemption import Preemption
@@ -54,6 +59,8 @@ class LoopSettings:
   keep_checkpoints: int = 3
   async_checkpointing: bool = False
   profile_steps: str = ""             # "START,COUNT": a profiler trace in WORKDIR/profile
+  preemption_grace_seconds: float = 30.0   # notice -> kill: what a preemption save must fit
+  step_timeout_seconds: float = 0.0   # a step past it: stacks dumped, exit 124 (0: off)
 
   @classmethod
   def from_config(cls, config, num_steps: int, **overrides) -> "LoopSettings":
@@ -90,15 +97,22 @@ class Trainer:
     self.clock = TrainClock()
     self.actions = [self.clock, ThroughputWindow(self.clock, throughput),
                     NonFiniteAbort(name, par, settings.max_consecutive_skips),
-                    Profiler(settings.profile_steps, workdir), *actions]
+                    Profiler(settings.profile_steps, workdir),
+                    StepWatchdog(settings.step_timeout_seconds, workdir), *actions]
 
   # ------------------------------------------------------------------------------- restore
 
-  def restore(self, state):
+  def restore(self, state, model=None):
     """`state` from the newest readable checkpoint if there is one (else `state` as given),
-    the training clock with it; opens the metric writer at that step."""
+    the training clock with it; opens the metric writer at that step. `model` (the job's Flax
+    module): its architecture is compared with the checkpoint's and recorded with each save.
+
+    A checkpoint of another model (the config or the code changed), or one that cannot be read
+    for a reason other than proven damage (a store past its retry budget, out of memory), stops
+    the run with an error naming it, nothing moved; only a damaged one is set aside
+    (`io.training_checkpoints`)."""
     step, restored = self.checkpointer.restore_latest(self.par.abstract_state(state),
-                                                      self.iterator)
+                                                      self.iterator, model=model)
     if restored is not None:
       state = self.par.from_checkpoint(restored)
       print(f"[{self.name}] Resumed from the checkpoint at step {step} in "
@@ -168,7 +182,7 @@ class Trainer:
       for action in reversed(self.actions):   # nested: the clock, paused first, resumes last
         action.resume()
 
-  def _save(self, state, step: int) -> None:
+  def _save(self, state, step: int, wait: bool = False) -> None:
     # The lines up to `step` durable first: once its checkpoint is complete (in the background,
     # on Cloud Storage when its commit marker lands) a run killed at any moment resumes from it
     # and logs only the steps after it. Flushed after, a kill between the two lost the step's
@@ -176,6 +190,8 @@ class Trainer:
     self.writer.flush()
     self.checkpointer.save(step, self.par.checkpointable(state), self.iterator, force=True,
                            train_seconds=self.clock.read())
+    if wait:   # landed before the process exits (a preemption)
+      self.checkpointer.wait()
 
   # ------------------------------------------------------------------------------- the loop
 
@@ -190,7 +206,8 @@ class Trainer:
     for action in self.actions:
       action.start(step)
     try:
-      with Preemption() as preemption:  # shardings are explicit in the compiled steps: no mesh
+      # Shardings are explicit in the compiled steps: no mesh.
+      with Preemption(settings.preemption_grace_seconds) as preemption:
         while step < settings.num_steps:
           batch = next_batch(step)
           for action in self.actions:
@@ -211,10 +228,10 @@ class Trainer:
           if (final or preempted
               or (settings.checkpoint_every_steps and step % settings.checkpoint_every_steps == 0)
               or (evaluated and settings.checkpoint_at_evaluations)):
-            self._paused(self._save, state, step)
+            saving = time.perf_counter()
+            self._paused(functools.partial(self._save, wait=preempted), state, step)
+            preemption.saved(step, time.perf_counter() - saving)   # against the grace period
           if preempted:
-            self.checkpointer.wait()
-            print(f"Preempted: checkpoint at step {step} saved; exiting.", flush=True)
             break
     finally:
       for action in self.actions:

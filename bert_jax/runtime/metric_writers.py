@@ -11,9 +11,14 @@ On a local disk every line is appended as it is logged. On Cloud Storage (object
 appended to) the lines are kept and the file is rewritten whole at `flush()`, which the training
 loop calls before every checkpoint (so that a complete checkpoint never has lines missing below
 it): lines logged after the last checkpoint are logged again by the resumed run anyway.
+TensorBoard's event file is handled the same way there: written to a local folder, and uploaded
+at `flush()` and `close()` through the filesystem's checked copy (TensorFlow's own writer checks
+nothing it uploads), so a file the store did not keep fails the checkpoint, naming it.
 """
 import json
 import math
+import shutil
+import tempfile
 from typing import Dict, List, Optional
 
 from absl import logging
@@ -64,13 +69,18 @@ class MetricWriter:
     # The last step metrics.jsonl recorded beyond `resume_step` (lines cut), or None.
     self.recorded_beyond: Optional[int] = None
     self._tb = None
+    self._tb_dir = filesystem.join(workdir, "tensorboard")
+    # On Cloud Storage: the local folder the event file is written in, uploaded at flush().
+    self._tb_local: Optional[str] = None
     if not self.enabled:
       return
     filesystem.makedirs(workdir)
     self._truncate_after(workdir, resume_step)
     try:
       import tensorflow as tf
-      self._tb = tf.summary.create_file_writer(filesystem.join(workdir, "tensorboard"))
+      local = tempfile.mkdtemp(prefix="bert_jax_tensorboard_") if self._buffered else None
+      self._tb = tf.summary.create_file_writer(local or self._tb_dir)
+      self._tb_local = local
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("TensorBoard summaries disabled: %s", e)
 
@@ -101,11 +111,20 @@ class MetricWriter:
       self._tb.flush()
 
   def flush(self) -> None:
-    """Makes every logged line durable (Cloud Storage: rewrites the file whole)."""
+    """Makes every logged line durable (Cloud Storage: rewrites the file whole and uploads the
+    event file, both checked)."""
     if self.enabled and self._buffered:
       filesystem.write_text(self.path, "".join(self._lines))
+      if self._tb_local is not None:
+        self._tb.flush()
+        filesystem.upload_tree(self._tb_local, self._tb_dir)
 
   def close(self) -> None:
-    self.flush()
-    if self._tb is not None:
-      self._tb.close()
+    try:
+      self.flush()
+    finally:
+      if self._tb is not None:
+        self._tb.close()
+      if self._tb_local is not None:
+        shutil.rmtree(self._tb_local, ignore_errors=True)
+        self._tb_local = None

@@ -7,6 +7,16 @@ def _files(directory):
   return sorted(os.path.join(d, f) for d, _, names in os.walk(directory) for f in names)
 
 
+def contents(directory) -> dict:
+  """{path relative to `directory`: bytes} of every file under it: what "nothing moved or
+  changed" compares."""
+  found = {}
+  for path in _files(directory):
+    with open(path, "rb") as f:
+      found[os.path.relpath(path, directory)] = f.read()
+  return found
+
+
 def _invert(path, offsets):
   with open(path, "r+b") as f:
     for offset in offsets:

@@ -216,6 +216,7 @@ def checkpoints(tmp_path_factory):
   return checkpoint, str(other)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", [squad_experiment, ner_experiment])
 def test_a_vocabulary_that_does_not_match_the_checkpoint(checkpoints, tmp_path, experiment):
   checkpoint, other_vocab = checkpoints

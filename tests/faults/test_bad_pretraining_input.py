@@ -103,6 +103,7 @@ def test_the_same_for_evaluation_input(data_dir, tmp_path):
     list(iterator)
 
 
+@pytest.mark.slow
 def test_a_truncated_shard_stops_the_command_at_its_first_step(data_dir, tmp_path):
   shard = _bad_shard(tmp_path, "truncated")
   experiment = fx.write_experiment(

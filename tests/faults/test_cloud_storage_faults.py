@@ -7,7 +7,7 @@
   bucket again and again); no checkpoint that is gone is claimed; the same command, with the
   bucket back, starts again from step 0 and ends exactly as an uninterrupted run. A run that
   finds metrics.jsonl but none of its checkpoints says loudly that it starts over.
-* With `--long-faults` (minutes each): kill -9 while a checkpoint is half written on gs://;
+* In the slow tier (`--tier=slow`) (minutes each): kill -9 while a checkpoint is half written on gs://;
   GLUE fine-tuning through a 30 s outage (the emulator paused).
 """
 import os
@@ -17,9 +17,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bert_jax import parallel
+from bert_jax.io import checkpoints
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.metric_writers import read_metrics
 from tests import demo_runs
@@ -27,11 +29,17 @@ from tests import finetuning_fixtures as ftx
 from tests.test_cloud_storage import (BUCKET, _committed_steps, _create_bucket, _demo, _download,
                                       _env, _half_written_steps, _main, _outage_env,
                                       _own_emulator,
-                                      _records, _start_demo_and_wait_for_a_checkpoint,
-                                      _start_emulator,
+                                      _records,
+                                      _start_demo_and_wait_for_a_checkpoint,
+                                      _start_emulator, _step_folders,
                                       assert_glue_outputs_equal,
                                       emulator, local_demo)  # noqa: F401  (fixtures)
+from tests.faults.test_jobs_on_cloud_storage import _copy
 from tests.test_loop_actions import _toy_job
+
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 
 STOP_WITHIN = 120   # seconds from the restart to the run's exit (the short retry budget: seconds)
 
@@ -119,25 +127,58 @@ def test_kill_9_during_a_checkpoint_write_on_gs_resumes_from_the_newest_complete
     emulator, local_demo, tmp_path):  # noqa: F811
   """On Cloud Storage a checkpoint has no atomic rename: it is complete once its commit marker is
   written. Killed while one is half written (objects there, no marker), the run must resume from
-  the one before it and end exactly as an uninterrupted run."""
+  the one before it and end exactly as an uninterrupted run.
+
+  The kill is made to land before the marker: once the bucket shows a step after a committed one
+  without its marker, the run is stopped (SIGSTOP), requests it had sent whole are given time to
+  land, and the bucket is looked at again; only a step still without its marker is killed (-9)
+  (one whose marker landed meanwhile: the run goes on to its next checkpoint). After the kill the
+  marker is still absent, the same command resumes from the newest committed step (before the
+  half-written one), and every step's metrics and the final parameters are those of the
+  uninterrupted local run."""
   prefix = "killed_mid_write"
-  proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  half_written = None
-  while half_written is None and proc.poll() is None:
-    started = _half_written_steps(emulator, prefix)
-    if started:
-      os.kill(proc.pid, signal.SIGKILL)
-      half_written = started[0]
-  output = proc.communicate()[0]
-  assert half_written is not None, "no checkpoint caught half written:\n" + output[-3000:]
-  newest = max(_committed_steps(emulator, prefix))   # the half-written one, if it got its marker
+  log = str(tmp_path / "killed.log")
+  with open(log, "w") as out:
+    proc = subprocess.Popen(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
+                            stdout=out, stderr=subprocess.STDOUT)
+  read_log = lambda: open(log, encoding="utf-8", errors="replace").read()
+  half_written, deadline = None, time.time() + 300
+  try:
+    while half_written is None:
+      assert proc.poll() is None, "no checkpoint caught half written:\n" + read_log()[-3000:]
+      assert time.time() < deadline, "no checkpoint caught half written in 300 s"
+      if _half_written_steps(emulator, prefix):
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)   # a request the run had sent whole lands meanwhile
+        still = _half_written_steps(emulator, prefix)
+        if still:
+          half_written = max(still)
+        else:
+          proc.send_signal(signal.SIGCONT)   # its marker came: wait for the next checkpoint
+      time.sleep(0.005)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  time.sleep(0.5)
+  committed = _committed_steps(emulator, prefix)
+  assert half_written not in committed, f"the step {half_written} was committed after all"
+  assert half_written in _step_folders(emulator, prefix), "its objects are gone"
+  newest = max(committed)
+  assert newest < half_written
+
   again = subprocess.run(_demo(f"gs://{BUCKET}/{prefix}"), cwd=str(tmp_path), env=_env(),
                          capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
   assert f"Resumed from the checkpoint at step {newest} " in again.stdout, again.stdout[-3000:]
   assert _records(_download(emulator, f"{prefix}/metrics.jsonl")) == demo_runs.untimed_metrics(
       local_demo)
+  ours = checkpoints.flatten(checkpoints.load_pretrained(
+      _copy(emulator, prefix, str(tmp_path / "copy")))[1])
+  theirs = checkpoints.flatten(checkpoints.load_pretrained(local_demo)[1])
+  assert ours.keys() == theirs.keys()
+  for name, value in theirs.items():
+    np.testing.assert_array_equal(ours[name], value, err_msg=name)
   print(f"killed with the checkpoint at step {half_written} half written; resumed from {newest}")
 
 

@@ -11,7 +11,7 @@ naming it, with no output left behind.
 
 The Beam kill and full disk are the longer variants (two multi-process DirectRunner runs each,
 about a minute):
-  python -m pytest --long-faults tests/faults/test_create_pretraining_data_faults.py
+  python -m pytest --tier=slow tests/faults/test_create_pretraining_data_faults.py
 """
 import os
 import signal
@@ -135,6 +135,7 @@ def test_an_input_without_text_is_named_on_beam(corpus, tmp_path):
   assert os.listdir(tmp_path / "out") == []
 
 
+@pytest.mark.slow
 @pytest.mark.long_fault
 def test_kill_9_then_rerun_on_beam_writes_the_uninterrupted_files(corpus, reference, tmp_path):
   pytest.importorskip("apache_beam", reason="apache-beam is not installed (pip install "
@@ -150,6 +151,7 @@ def test_a_full_disk_is_named_and_the_rerun_writes_the_uninterrupted_files(small
   _full_disk_then_rerun(small_disk, corpus, reference)
 
 
+@pytest.mark.slow
 @pytest.mark.long_fault
 def test_a_full_disk_on_beam_is_named_and_the_rerun_writes_the_uninterrupted_files(
     small_disk, corpus, reference):

@@ -6,7 +6,9 @@ A damaged step is never resumed with other numbers: it is set aside to `checkpoi
 with a message naming it, and the one before it is restored exactly (with none before it, the run
 starts from the beginning). Bytes changed inside the array files decode without any error from
 Orbax or TensorStore: the checkpoint's fingerprints of its arrays are what catch them. A commit
-marker missing from a local checkpoint (the rename is the commit there) leaves it usable.
+marker missing from a local checkpoint (the rename is the commit there) leaves it usable. Only
+damage that the checkpoint's own files prove is set aside (errors that prove nothing, and
+checkpoints of another model: tests/faults/test_restore_errors.py).
 """
 import os
 import shutil
@@ -48,8 +50,24 @@ def _metadata_garbage(step_dir):
       f.write("{not json")
 
 
+def _data_files_truncated(step_dir):
+  """The array data files alone cut to a third, their index whole (TensorStore: OUT_OF_RANGE,
+  a byte range past the end of the file)."""
+  data_dir = os.path.join(step_dir, "state", "d")
+  for name in os.listdir(data_dir):
+    path = os.path.join(data_dir, name)
+    os.truncate(path, os.path.getsize(path) // 3)
+
+
+def _record_garbage(step_dir):
+  """The checkpoint's record (format, arrays, model) unparseable."""
+  with open(os.path.join(step_dir, "record", "metadata"), "w") as f:
+    f.write('{"format_version": 1, "arr')
+
+
 KINDS = dict(damage.KINDS, empty_files=_empty_files, a_data_file_missing=_a_data_file_missing,
-             state_missing=_state_missing, metadata_garbage=_metadata_garbage)
+             state_missing=_state_missing, metadata_garbage=_metadata_garbage,
+             data_files_truncated=_data_files_truncated, record_garbage=_record_garbage)
 
 
 def _state(seed):
@@ -99,6 +117,31 @@ def test_the_newest_checkpoint_damaged(kind, tmp_path, capsys):
   assert "falling back to the previous checkpoint (step 1)" in out
   assert not os.path.exists(step_dir)
   assert os.listdir(os.path.join(workdir, "checkpoints_corrupt"))
+
+
+def test_changed_bytes_in_a_state_of_many_arrays_are_set_aside(tmp_path, capsys):
+  """With some twenty arrays and more OCDBT compresses its b-tree nodes: changed bytes then fail
+  to decompress (TensorStore's "Error decoding b-tree node: ZSTD_decompressStream() failed",
+  which carries no status code), where the small state's fail their checksum (DATA_LOSS)."""
+  rng = np.random.default_rng(0)
+  params = {f"layer_{i}": {"kernel": jnp.asarray(rng.normal(size=(16, 16)), jnp.float32),
+                           "bias": jnp.asarray(rng.normal(size=(16,)), jnp.float32)}
+            for i in range(20)}
+  state = TrainState.create(params, optax.adam(1e-3))
+  checkpointer = training_checkpoints.TrainingCheckpointer(str(tmp_path), async_save=False)
+  for step in (1, 2):
+    checkpointer.save(step, state.replace(step=jnp.int32(step)))
+  checkpointer.close()
+  damage.bytes_changed_throughout(str(tmp_path / "checkpoints" / "2"))
+  checkpointer = training_checkpoints.TrainingCheckpointer(str(tmp_path), async_save=False)
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  step, restored = checkpointer.restore_latest(abstract)
+  checkpointer.close()
+  assert step == 1
+  _assert_equal(restored, state.replace(step=jnp.int32(1)))
+  out = capsys.readouterr().out
+  assert "CHECKPOINT AT STEP 2 IS UNREADABLE" in out and "Error decoding" in out
+  assert os.listdir(tmp_path / "checkpoints_corrupt")
 
 
 def test_changed_bytes_are_named_and_the_only_checkpoint_means_starting_over(tmp_path, capsys):

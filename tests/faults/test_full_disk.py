@@ -17,6 +17,10 @@ from bert_jax.tasks.tools import fine_tuned
 from tests import finetuning_fixtures as fx
 from tests.faults import job_runs
 from tests import demo_runs
+import pytest
+
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
 OVERRIDES = ["--config.num_train_steps=8", "--config.keep_checkpoints=10",
              "--config.eval_every_steps=8"]
 

@@ -6,9 +6,12 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests import demo_runs
 
 
+@pytest.mark.slow
 def test_kill_9_during_data_preparation_then_rerun(tmp_path):
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "killed")
   assert demo_runs.run(reference).returncode == 0

@@ -39,6 +39,9 @@ from tests.test_cloud_storage import (BUCKET, SHORT_BUDGET, _committed_steps, _d
                                       _half_written_steps, _no_local_gs_folder, _objects,
                                       _own_emulator, _step_folders, _upload)
 
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
+
 FINE_TUNING = ("glue", "squad", "tagger")
 emulator = test_cloud_storage.emulator   # the fixture: one emulator for this module's tests
 
@@ -190,7 +193,7 @@ def _resumed_step(text):
 
 
 def _long_except(kept):
-  """The jobs as parameters, all but `kept` long fault tests (`--long-faults`)."""
+  """The jobs as parameters, all but `kept` long fault tests (`--tier=slow`)."""
   return [job if job == kept else pytest.param(job, marks=pytest.mark.long_fault)
           for job in FINE_TUNING]
 

@@ -18,17 +18,28 @@ command again:
    the next run sets it aside and goes on from the one before (or, where a job keeps one
    checkpoint, from the start); a marker missing on a local disk, where the rename is the
    commit, leaves a good checkpoint that is used.
-The last run ends exactly as the uninterrupted run: metrics.jsonl without wall-clock fields,
-results.json, prediction files, best/ and the final parameters, byte for byte.
+After the four interruptions (1-4) the workdir is copied: the same command in the workdir
+itself then runs to the end, and that run, which stands on the four resumes, ends exactly as the
+uninterrupted run: metrics.jsonl without wall-clock fields, results.json, prediction files,
+best/ and the final parameters, byte for byte. The damage (5) is done to the copy, taken as it
+was after the fourth interruption, and its own run (the same command with the copy as its
+workdir) is checked on its own: the damaged checkpoint set aside (or, for the commit marker,
+used), and again the uninterrupted run's outcome. (GLUE and the tagger keep one checkpoint, so
+their damaged run starts over from step 0 and says nothing of the resumes before it: hence the
+comparison before the damage.)
 """
 import os
 import re
+import shutil
 import signal
 
 import pytest
 
 from tests.faults import damage, job_runs
 from tests.faults.job_runs import JOBS, Interruption, checkpoint_steps, output, train_dir
+
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
 
 DAMAGE = {"pretraining": "bytes_changed_throughout", "glue": "truncated",
           "squad": "no_commit_marker", "tagger": "bytes_changed_throughout"}
@@ -104,6 +115,7 @@ def _kill_9_during_evaluation(runs, after_step):
   return max(complete)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", JOBS)
 def test_interrupted_five_times_then_the_same_command_ends_as_an_uninterrupted_run(
     job, jobs, reference, tmp_path):
@@ -115,16 +127,28 @@ def test_interrupted_five_times_then_the_same_command_ends_as_an_uninterrupted_r
   newest = _sigterm_during_evaluation(runs, newest)
   newest = _sigterm_during_checkpoint_write(runs, newest)
   newest = _kill_9_during_evaluation(runs, newest)
+  damaged = str(tmp_path / "damaged")   # the workdir as the fourth interruption left it
+  shutil.copytree(runs.workdir, damaged, symlinks=True)
 
-  kind = DAMAGE[job]
-  damage.apply(kind, os.path.join(runs.directory, "checkpoints", str(newest)))
-  final = runs.jobs.run(job, runs.workdir)
-  assert final.returncode == 0, final.stderr[-3000:]
+  # The four resumes: the same command goes on from the newest checkpoint to the end and ends as
+  # the uninterrupted run.
+  resumed = runs.jobs.run(job, runs.workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert _resumed_step(resumed.stdout) == newest, resumed.stdout[-3000:]
   assert not checkpoint_steps(runs.directory)[1], "a temporary step directory was left"
+  job_runs.assert_same_outcome(job_runs.outcome(job, runs.workdir), expected)
+
+  # The damage, on its own: the newest checkpoint of the copy damaged, then the same command.
+  kind = DAMAGE[job]
+  directory = train_dir(job, damaged)
+  damage.apply(kind, os.path.join(directory, "checkpoints", str(newest)))
+  final = runs.jobs.run(job, damaged)
+  assert final.returncode == 0, final.stderr[-3000:]
+  assert not checkpoint_steps(directory)[1], "a temporary step directory was left"
   if kind == "no_commit_marker":   # a local disk commits by renaming: the checkpoint is good
     assert _resumed_step(final.stdout) == newest
   else:
     assert f"CHECKPOINT AT STEP {newest} IS UNREADABLE" in final.stdout
     assert _resumed_step(final.stdout) < newest
-    assert os.listdir(os.path.join(runs.directory, "checkpoints_corrupt"))
-  job_runs.assert_same_outcome(job_runs.outcome(job, runs.workdir), expected)
+    assert os.listdir(os.path.join(directory, "checkpoints_corrupt"))
+  job_runs.assert_same_outcome(job_runs.outcome(job, damaged), expected)

@@ -13,7 +13,7 @@ What bounds the wait:
   missed its heartbeats for `--heartbeat_timeout_seconds` (30 s). With jax's default (100 s)
   process 0 waited there 82-93 s.
 Processes log to `<workdir>.process<i>.out|err` (tests/test_multihost.py). Four launches of 2
-processes and a heartbeat timeout: run with `python -m pytest --long-faults tests/faults`.
+processes and a heartbeat timeout: run with `python -m pytest --tier=slow tests/faults`.
 """
 import os
 import signal
@@ -25,6 +25,9 @@ from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 from tests.test_multihost import (_launch, _outputs, _start,
                                   assert_ends_as_an_uninterrupted_run)
+
+# The whole file is the slow tier (tests/conftest.py): end-to-end runs of minutes each.
+pytestmark = pytest.mark.slow
 
 STEPS = 20
 EVERY = 5   # async checkpoints, as in real runs

@@ -79,6 +79,7 @@ def test_export_without_a_model_names_the_path(tmp_path):
   assert not os.path.exists(tmp_path / "export")
 
 
+@pytest.mark.slow
 def test_kill_9_during_export_then_rerun_gives_a_complete_export(fine_tuned_runs, tmp_path):
   import tensorflow as tf
   model, output = fine_tuned_runs["mrpc"], str(tmp_path / "export")
@@ -188,3 +189,102 @@ def test_export_of_a_pretraining_workdir_whose_newest_checkpoint_is_damaged(kind
   assert (f"the checkpoint before it (step {steps[-2]}) is used once "
           f"{workdir}/checkpoints/{steps[-1]} is moved away") in run.stderr, run.stderr[-3000:]
   assert not os.path.exists(tmp_path / "export")
+
+
+def _files_under(directory):
+  """{path relative to `directory`: size} of every file under it ({} if it does not exist)."""
+  return {os.path.relpath(os.path.join(d, f), directory): os.path.getsize(os.path.join(d, f))
+          for d, _, names in os.walk(directory) for f in names}
+
+
+def _export_outputs(directory):
+  """What the SavedModel in `directory` computes for a fixed batch (int32 ids, mask, segments)."""
+  import tensorflow as tf
+  ids = np.array([[2, 7, 9, 11, 3, 0], [2, 8, 3, 12, 13, 3]], np.int32)   # [B, S]
+  mask, segments = (ids > 0).astype(np.int32), np.array([[0] * 6, [0, 0, 0, 1, 1, 1]], np.int32)
+  got = tf.saved_model.load(directory).signatures[serving.SERVING_SIGNATURE](
+      input_ids=tf.constant(ids), input_mask=tf.constant(mask), segment_ids=tf.constant(segments))
+  return {name: value.numpy() for name, value in got.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["saved_model", "huggingface"])
+def test_export_killed_after_its_first_file_is_not_taken_for_finished_and_the_rerun_is_whole(
+    fmt, fine_tuned_runs, tmp_path):
+  """`python -m bert_jax.export` killed (-9) once a first file of the export exists and before
+  the export has finished (its `signature.json`, written last, absent). Seen from outside, the
+  export is stopped (SIGSTOP) as soon as a file appears under `OUTPUT.partial` (or `OUTPUT`), and
+  looked at again: it must hold a file and no `OUTPUT/signature.json`; then it is killed. After
+  the kill nothing stands at OUTPUT that looks finished: OUTPUT absent with the files in
+  `OUTPUT.partial`, or (killed after the move, before `signature.json`) OUTPUT without
+  `signature.json`. The same command then writes the whole export: no `OUTPUT.partial` left, the
+  same files as an uninterrupted export of the same model (the same bytes for `huggingface`; for
+  the SavedModel the same outputs, bit for bit, and `signature.json` byte for byte)."""
+  model = fine_tuned_runs["mrpc"]
+  command = lambda output: _cli("bert_jax.export", f"--model={model}", f"--format={fmt}",
+                                f"--output={output}")
+  uninterrupted = str(tmp_path / "uninterrupted")
+  run = subprocess.run(command(uninterrupted), cwd=demo_runs.ROOT, env=demo_runs.env(),
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  expected = _files_under(uninterrupted)
+  assert serving.SIGNATURE_FILE in expected and len(expected) > 1, expected
+
+  output = str(tmp_path / "export")
+  partial, signature = output + ".partial", os.path.join(output, serving.SIGNATURE_FILE)
+  log = str(tmp_path / "killed.log")
+  with open(log, "w") as out:
+    process = subprocess.Popen(command(output), cwd=demo_runs.ROOT, env=demo_runs.env(),
+                               stdout=out, stderr=subprocess.STDOUT)
+  caught, deadline = None, time.time() + 300
+  try:
+    while caught is None:
+      assert process.poll() is None, ("the export ended before it was caught with a file "
+                                      f"written:\n{open(log).read()[-3000:]}")
+      assert time.time() < deadline, "no file of the export written in 300 s"
+      if _files_under(partial) or os.path.exists(output):
+        process.send_signal(signal.SIGSTOP)
+        assert not os.path.exists(signature), "caught too late: the export had finished"
+        caught = {**_files_under(partial), **_files_under(output)}
+        if not caught:   # OUTPUT.partial emptied and OUTPUT made between two looks: look again
+          caught = None
+          process.send_signal(signal.SIGCONT)
+      time.sleep(0.001)
+  finally:
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+  assert process.returncode == -signal.SIGKILL
+
+  # No export taken for a finished one.
+  assert not os.path.exists(signature), "a killed export is marked finished"
+  if os.path.exists(output):   # killed after the move, before signature.json
+    assert not os.path.exists(partial)
+    # Moved whole (one rename): every file of the export but signature.json, none cut short.
+    moved = _files_under(output)
+    assert sorted(moved) == sorted(n for n in expected if n != serving.SIGNATURE_FILE)
+    if fmt == "huggingface":
+      assert all(moved[n] == expected[n] for n in moved), (moved, expected)
+    where = "OUTPUT without signature.json"
+  else:
+    assert _files_under(partial), "the files written before the kill are gone"
+    where = "OUTPUT.partial, OUTPUT absent"
+
+  rerun = subprocess.run(command(output), cwd=demo_runs.ROOT, env=demo_runs.env(),
+                         capture_output=True, text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert not os.path.exists(partial)
+  assert sorted(_files_under(output)) == sorted(expected)
+  with open(signature, "rb") as a, open(os.path.join(uninterrupted, serving.SIGNATURE_FILE),
+                                        "rb") as b:
+    assert a.read() == b.read()
+  if fmt == "huggingface":
+    for name in expected:
+      with open(os.path.join(output, name), "rb") as a, open(os.path.join(uninterrupted, name),
+                                                             "rb") as b:
+        assert a.read() == b.read(), name
+  else:
+    ours, theirs = _export_outputs(output), _export_outputs(uninterrupted)
+    assert ours.keys() == theirs.keys()
+    for name, value in theirs.items():
+      np.testing.assert_array_equal(ours[name], value, err_msg=name)
+  print(f"{fmt}: killed with {len(caught)} of {len(expected) - 1} files written ({where})")

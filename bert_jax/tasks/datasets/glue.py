@@ -383,7 +383,6 @@ class GlueTask(Task):
 
 
 TASK = GlueTask
-get_task = GlueTask   # the name before tasks were classes
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:

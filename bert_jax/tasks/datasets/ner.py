@@ -410,7 +410,6 @@ class NerTask(Task):
 
 
 TASK = NerTask
-get_task = NerTask   # the name before tasks were classes
 
 
 def run(config, workdir: str) -> Dict:

@@ -725,7 +725,6 @@ class SquadTask(Task):
 
 
 TASK = SquadTask
-get_task = SquadTask   # the name before tasks were classes
 
 
 def run(config, workdir: str) -> Dict:

@@ -147,7 +147,6 @@ class SwagTask(Task):
 
 
 TASK = SwagTask
-get_task = SwagTask   # the name before tasks were classes
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:

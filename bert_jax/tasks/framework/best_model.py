@@ -49,15 +49,29 @@ def _best_siblings(directory: str) -> Tuple[str, str, str]:
   return directory, directory + ".partial", directory + ".old"
 
 
+def _recorded_digests(directory: str) -> Dict[str, Dict[str, object]]:
+  """best.json's {file name: digest}. Each name must be a plain file name of best/ (what
+  `_write_best_files` records): a name with a separator or `..` (a best.json edited or from
+  elsewhere) would be read and hashed outside it, so it is refused before any file is opened."""
+  info = filesystem.join(directory, BEST_INFO)
+  recorded = json.loads(filesystem.read_text(info)).get("file_digests") or {}
+  for name in recorded:
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+      raise file_digests.DamagedFileError(
+          f"{info}: the entry {name!r} of file_digests is not a file name of {directory} (a "
+          "path outside it, or with a folder): refused, nothing read. best.json was edited or "
+          "copied from elsewhere; save the best model again.")
+  return recorded
+
+
 def _is_complete(directory: str) -> bool:
   """best.json there, and every file it records there with its recorded size (on Cloud
   Storage a directory moves object by object: one caught half-moved lacks some)."""
-  info = filesystem.join(directory, BEST_INFO)
-  if not filesystem.exists(info):
+  if not filesystem.exists(filesystem.join(directory, BEST_INFO)):
     return False
   try:
-    recorded = json.loads(filesystem.read_text(info)).get("file_digests") or {}
-  except ValueError:   # best.json itself damaged: check_best names it
+    recorded = _recorded_digests(directory)
+  except ValueError:   # best.json itself damaged, or a name outside best/: check_best names it
     return False
   return all(filesystem.exists(filesystem.join(directory, name))
              and filesystem.getsize(filesystem.join(directory, name)) == digest["bytes"]
@@ -155,11 +169,11 @@ def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, inf
 
 def check_best(directory: str) -> None:
   """Raises file_digests.DamagedFileError naming a file of best/ that was cut short or changed
-  after the run wrote it (best/ written before digests were recorded is taken as it is)."""
-  path = filesystem.join(directory, BEST_INFO)
-  recorded = json.loads(filesystem.read_text(path)).get("file_digests")
+  after the run wrote it, or an entry of best.json that is not a file of best/ (best/ written
+  before digests were recorded is taken as it is)."""
+  recorded = _recorded_digests(directory)
   if recorded:
-    file_digests.check(directory, recorded, path)
+    file_digests.check(directory, recorded, filesystem.join(directory, BEST_INFO))
 
 
 def read_head(directory: str) -> Dict:

@@ -179,13 +179,54 @@ def create_tokenizer(config, bert_config: BertConfig):
   tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
                                             do_lower_case=do_lower_case,
                                             tokenizer_file=tokenizer_file)
+  vocab = vocab_file or spm_model_file or tokenizer_file
   if tokenizer.vocab_size != bert_config.vocab_size:
     raise ValueError(
-        f"Vocabulary {vocab_file or spm_model_file or tokenizer_file} has "
-        f"{tokenizer.vocab_size} entries but the "
+        f"Vocabulary {vocab} has {tokenizer.vocab_size} entries but the "
         f"checkpoint {config.init_checkpoint} has vocab_size={bert_config.vocab_size}: they do "
         "not belong together (pass the vocabulary the checkpoint was trained with).")
+  check_checkpoint_vocabulary(tokenizer, vocab, config.init_checkpoint)
   return tokenizer
+
+
+def _tokens(tokenizer) -> List[Optional[str]]:
+  """A tokenizer's tokens in id order (WordPiece, SentencePiece and tokenizer.json alike)."""
+  return [tokenizer.inv_vocab.get(i) for i in range(tokenizer.vocab_size)]
+
+
+def check_checkpoint_vocabulary(tokenizer, vocab: str, checkpoint: str) -> None:
+  """A vocabulary passed with a checkpoint (`config.tokenizer`) must hold the tokens of the one
+  beside it, id for id: one of the same size but other tokens (another model's, one rebuilt from
+  other text) passes the size check and feeds the encoder ids it learnt as other words. The two
+  are compared token by token in id order; a checkpoint with no vocabulary beside
+  it (a bare TF checkpoint) has nothing to compare with."""
+  if not checkpoint:
+    return
+  try:
+    beside = checkpoints.find_vocab(checkpoint)
+  except FileNotFoundError:
+    return
+  theirs_path = next(p for p in beside if p)
+  if filesystem.absolute(theirs_path) == filesystem.absolute(vocab):
+    return
+  theirs = tokenization.create_tokenizer(vocab_file=beside[0], spm_model_file=beside[1],
+                                         tokenizer_file=beside[2],
+                                         do_lower_case=tokenizer.do_lower_case)
+  ours, their_tokens = _tokens(tokenizer), _tokens(theirs)
+  if ours == their_tokens:
+    return
+  i = next((i for i, (a, b) in enumerate(zip(ours, their_tokens)) if a != b),
+           min(len(ours), len(their_tokens)))
+  line = (f", line {i + 1}" if getattr(tokenizer, "vocab_file", None) and beside[0]
+          else "")   # two vocab.txt files: token id i is line i + 1
+  here = ours[i] if i < len(ours) else "(none)"
+  there = their_tokens[i] if i < len(their_tokens) else "(none)"
+  raise ValueError(
+      f"Vocabulary {vocab} is not the one beside the checkpoint {checkpoint} ({theirs_path}): "
+      f"{len(ours)} and {len(their_tokens)} entries, first different at token id {i}{line}: "
+      f"{here!r} in {vocab}, {there!r} in {theirs_path}. The encoder learnt each id as the "
+      f"checkpoint's token: pass the vocabulary it was trained with, or none ({theirs_path} is "
+      "then used).")
 
 
 def select_rows(arrays: Dict[str, np.ndarray], index: np.ndarray, mask: np.ndarray) -> Dict:

@@ -165,35 +165,27 @@ class Task(abc.ABC):
     return {}
 
 
-@dataclasses.dataclass(eq=False)
 class FunctionTask(Task):
-  """A task made of plain functions (what `Task(...)` was before tasks were classes)."""
-  name: str
-  read_examples: Callable[[str], Sequence[Any]]
-  make_features: Callable[[Sequence[Any], Any, str], Features]
-  make_head: Callable[[], Any]
-  loss: Callable[[Dict, Dict], Tuple[Any, Any]]
-  predict: Callable[[Sequence[Any], Features, Dict[str, np.ndarray]], List[Any]]
-  metrics: Callable[[Sequence[Any], List[Any]], Dict[str, float]]
-  write_predictions: Callable[[str, str, Sequence[Any], List[Any]], List[str]]
-  best_metric: str
-  eval_splits: Tuple[str, ...] = ("dev",)
-  test_splits: Tuple[str, ...] = ()
-  train_split: str = "train"
-  higher_is_better: bool = True
-  output_hidden_states: bool = False
-  freeze_encoder: bool = False
-  new_params: Tuple[str, ...] = (r"head/.*",)
-  row_weight: Optional[Callable[[Dict], Any]] = None
-  token_features: Tuple[str, ...] = ()
-  token_outputs: Tuple[str, ...] = ()
-  output_kind: str = ""
-  labels: Tuple[str, ...] = ()
-  input_format: str = ""
-  config: Any = None
+  """A task made of plain functions, one per abstract method of `Task`; keyword arguments set
+  any other attribute `Task` declares (`eval_splits=("dev", "test")`, `output_kind=...`)."""
+
+  def __init__(self, name: str, read_examples: Callable, make_features: Callable,
+               make_head: Callable, loss: Callable, predict: Callable, metrics: Callable,
+               write_predictions: Callable, best_metric: str, config=None, **attributes):
+    super().__init__(config)
+    # Task's annotations are the one list of its attributes, so they are not repeated here.
+    unknown = sorted(set(attributes) - set(Task.__annotations__))
+    if unknown:
+      raise TypeError(f"FunctionTask: {unknown} are not attributes of Task (expected some of "
+                      f"{sorted(Task.__annotations__)})")
+    # Set on the instance, each function shadows the abstract method of the same name.
+    vars(self).update(attributes, name=name, read_examples=read_examples,
+                      make_features=make_features, make_head=make_head, loss=loss,
+                      predict=predict, metrics=metrics, write_predictions=write_predictions,
+                      best_metric=best_metric)
 
 
-# The abstract methods are the dataclass's fields there.
+# Its functions are given to each instance, so no method is left to a subclass.
 FunctionTask.__abstractmethods__ = frozenset()
 
 

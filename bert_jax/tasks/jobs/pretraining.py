@@ -296,6 +296,9 @@ def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   if size != loaded.vocab_size:
     raise ValueError(f"Vocabulary {vocab} has {size} entries but {source} has vocab_size="
                      f"{loaded.vocab_size}: pass the vocabulary the checkpoint was trained with")
+  if not found:   # one named in config.tokenizer: the checkpoint's own, token for token
+    from bert_jax.tasks.framework import finetuning
+    finetuning.check_checkpoint_vocabulary(tokenizer, vocab, source)
   print(f"Continuing {source}: L={loaded.num_hidden_layers}, H={loaded.hidden_size}, "
         f"A={loaded.num_attention_heads}, max positions {loaded.max_position_embeddings}; "
         f"vocabulary {vocab} ({size} entries, "
@@ -433,9 +436,8 @@ def _prepare_workdir(config, workdir: str) -> ml_collections.ConfigDict:
   if not config.data.input_files:
     raise ValueError("config.data.input_files is empty: point it at pre-training TFRecords "
                      "(python -m data_pipelines.create_pretraining_data writes them)")
-  if outputs.is_writer():
-    checkpoints.write_config(bert_config_from(config), filesystem.join(workdir, tc.BERT_CONFIG),
-                             include_runtime=True)
+  if outputs.is_writer():   # checked against an earlier run's first (its checkpoints)
+    tc.keep_model_config(bert_config_from(config), workdir)
   return config
 
 

@@ -63,10 +63,6 @@ def read_task_config(directory: str) -> ml_collections.ConfigDict:
   return config
 
 
-def get_task(config: ml_collections.ConfigDict) -> finetuning.Task:
-  return registry.make_task(config)
-
-
 def load(path: str, **model_overrides) -> FineTuned:
   """The fine-tuned model in `path` (a best/ directory or its workdir).
 
@@ -79,7 +75,7 @@ def load(path: str, **model_overrides) -> FineTuned:
       {"init_checkpoint": directory, "tokenizer.vocab_file": vocab_file,
        "tokenizer.spm_model_file": spm_model_file, "tokenizer.tokenizer_file": tokenizer_file},
       **{f"model.{k}": v for k, v in model_overrides.items()}))
-  task = get_task(config)
+  task = registry.make_task(config)
   if not task.output_kind:
     raise ValueError(f"Task {task.name} declares no output_kind; predict cannot read its outputs")
   loaded_config, encoder = checkpoints.load_pretrained(directory)

@@ -338,9 +338,11 @@ def export_saved_model(servable: Servable, output: str,
 
   module.serve = serve
   # jax2tf lowers and serializes while `serve` is traced: both fixes must be in place then.
-  with written_whole(output) as partial, stablehlo_readable_by_tensorflow(), \
-      erf_without_composite():
-    tf.saved_model.save(module, partial,
+  # TensorFlow's writer checks nothing it writes to a URL (an export once exited 0 with 5 of its
+  # 6 files in the bucket): it writes to a local directory, uploaded file by file, each checked.
+  with written_whole(output) as partial, filesystem.local_directory_target(partial) as local, \
+      stablehlo_readable_by_tensorflow(), erf_without_composite():
+    tf.saved_model.save(module, local,
                         signatures={SERVING_SIGNATURE: serve.get_concrete_function()})
   description = signature_description(
       servable, "saved_model", f"assets/{vocab_name}" if vocab_name else None, platforms)
@@ -356,16 +358,21 @@ def written_whole(output: str) -> Iterator[str]:
   An export killed half-way (kill -9, a full disk) leaves `OUTPUT.partial`, never a half-written
   `output` that a server could load as good; the next export starts that directory afresh.
   `signature.json`, written into `output` after the move, marks a finished export on stores
-  where a directory moves file by file (Cloud Storage).
+  where a directory moves file by file (Cloud Storage); there, `output` is then listed against
+  what `OUTPUT.partial` held (`WriteNotLandedError` naming a file the store did not keep), so
+  an export never reports success over a missing file.
   """
   partial = output.rstrip("/") + ".partial"
   if filesystem.exists(partial):
     filesystem.rmtree(partial)
   filesystem.makedirs(partial)
   yield partial
+  written = filesystem.tree_sizes(partial) if filesystem.is_url(output) else None
   if filesystem.exists(output):
     filesystem.rmtree(output)
   filesystem.rename(partial, output)
+  if written is not None:
+    filesystem.check_tree_landed(output, written)
 
 
 def _version(text: str) -> Tuple[int, ...]:
