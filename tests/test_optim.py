@@ -231,16 +231,23 @@ def spiky_grads(steps=5):
   return grads
 
 
-@pytest.mark.parametrize("fully_decoupled", [False, True])
-def test_stable_adamw_is_its_formula(fully_decoupled):
-  """build_optimizer's stable_adamw without global-norm clipping (clip_grad_norm=0, as
-  ModernBERT runs it: the spike has a global norm far above 1 and is not clipped), under jit,
-  with the wsd schedule, against Algorithm 2 in numpy for 5 steps."""
+def _spiky_run_optimizer(fully_decoupled: bool):
+  """(lr, weight_decay, tx, schedule): build_optimizer's stable_adamw without global-norm
+  clipping, warmup-stable-decay over the 5 steps of `spiky_grads`."""
   lr, weight_decay = 1e-2, (1e-3 if fully_decoupled else 0.1)
   opt = optimizer_config(name="stable_adamw", b1=B1, b2=B2, eps=EPS, weight_decay=weight_decay,
                          clip_grad_norm=0.0, fully_decoupled_weight_decay=fully_decoupled)
   tx, schedule = optim.build_optimizer(opt, lr, 1, 5, schedule_config(
       name="wsd", decay_steps=2, decay_shape="1-sqrt"))
+  return lr, weight_decay, tx, schedule
+
+
+@pytest.mark.parametrize("fully_decoupled", [False, True])
+def test_stable_adamw_is_its_formula(fully_decoupled):
+  """build_optimizer's stable_adamw without global-norm clipping (clip_grad_norm=0, as
+  ModernBERT runs it: the spike has a global norm far above 1 and is not clipped), under jit,
+  with the wsd schedule, against Algorithm 2 in numpy for 5 steps."""
+  lr, weight_decay, tx, schedule = _spiky_run_optimizer(fully_decoupled)
   params, grads = _tree(0), spiky_grads()
   rates = [float(schedule(t)) for t in range(5)]
   assert rates[0] == 0.0 and rates[1] == rates[2] == rates[3] == np.float32(lr) > rates[4]
@@ -272,11 +279,7 @@ def test_stable_adamw_matches_optimi(fully_decoupled):
   test_stable_adamw_is_its_formula checks that premise on these gradients)."""
   torch = pytest.importorskip("torch", reason="optimi's StableAdamW runs on PyTorch")
   optimi = pytest.importorskip("optimi", reason="pip install torch-optimi (a test extra)")
-  lr, weight_decay = 1e-2, (1e-3 if fully_decoupled else 0.1)
-  opt = optimizer_config(name="stable_adamw", b1=B1, b2=B2, eps=EPS, weight_decay=weight_decay,
-                         clip_grad_norm=0.0, fully_decoupled_weight_decay=fully_decoupled)
-  tx, schedule = optim.build_optimizer(opt, lr, 1, 5, schedule_config(
-      name="wsd", decay_steps=2, decay_shape="1-sqrt"))
+  lr, weight_decay, tx, schedule = _spiky_run_optimizer(fully_decoupled)
   params, grads = _tree(0), spiky_grads()
   decays = _flat(optim.decay_mask(params))
   theirs = {k: torch.nn.Parameter(torch.tensor(np.asarray(v))) for k, v in _flat(params).items()}
