@@ -1,5 +1,6 @@
 """What every side-by-side benchmark here shares: interleaved best-of-N timing, the machine line,
-and the measured matmul rate that utilisation figures are relative to.
+the measured matmul rate that utilisation figures are relative to, and the ModernBERT-family
+masked-LM batch with transformers' model of the same shapes (the modern steps' peer).
 
 The CPUs these run on are often shared with other work, so the two sides of a comparison are
 timed in alternating rounds (ours, theirs, ours, theirs, ...) and each side's best round counts:
@@ -96,3 +97,55 @@ def torch_adamw(model, lr: float):
             {"params": [p for n, p in model.named_parameters() if no_decay(n)],
              "weight_decay": 0.0}]
   return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+
+
+def modern_mlm_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int = 0) -> dict:
+  """A ModernBERT-family pre-training batch (numpy): full rows of random ids, `predictions`
+  masked positions per row (never the first or last), no NSP pair (its label field is zeros)."""
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(10, vocab, size=(batch, seq)).astype(np.int32)              # [B, S]
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)  # [B, P]
+  return {"input_ids": ids, "input_mask": np.ones_like(ids),
+          "segment_ids": np.zeros_like(ids), "masked_lm_positions": positions,
+          "masked_lm_ids": rng.randint(10, vocab, size=(batch, predictions)).astype(np.int32),
+          "masked_lm_weights": np.ones((batch, predictions), np.float32),
+          "next_sentence_labels": np.zeros((batch, 1), np.int32)}
+
+
+def modern_pretraining_config(bert_config, *, dtype: str, seq: int, batch: int, predictions: int):
+  """`experiments/pretrain_modernbert.py`'s config (its recipe: StableAdamW, the schedule) for
+  `bert_config` at these shapes, as one step of the whole batch (no batch ramp)."""
+  from experiments import pretrain_modernbert
+  c = pretrain_modernbert.get_config("size=base")
+  c.model = bert_config.to_dict()
+  c.model.dtype = dtype
+  c.max_seq_length, c.max_predictions_per_seq = seq, predictions
+  c.global_batch_size, c.num_train_steps, c.warmup_steps = batch, 10_000, 10
+  c.batch_warmup.start_batch_size = 0   # one step of the whole batch (no ramp, no accumulation)
+  return c
+
+
+def transformers_modernbert_mlm(bert_config, attn_implementation: str = "sdpa"):
+  """transformers' `ModernBertForMaskedLM` (random, train mode) of `bert_config`'s shapes, with
+  `sparse_prediction=True` (the MLM head only at the masked positions, as ModernBERT trains and
+  as bert_jax always does)."""
+  import transformers
+  c = bert_config
+  config = transformers.ModernBertConfig(
+      vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+      local_attention=c.local_attention, global_attn_every_n_layers=c.global_attn_every_n_layers,
+      sparse_prediction=True, attn_implementation=attn_implementation)
+  return transformers.ModernBertForMaskedLM(config).train()
+
+
+def modern_mlm_torch_inputs(data: dict, device: str = "cpu") -> dict:
+  """`modern_mlm_batch`'s numpy batch as `ModernBertForMaskedLM`'s keyword arguments (labels
+  -100 outside the masked positions)."""
+  import torch
+  labels = np.full(data["input_ids"].shape, -100, np.int64)                     # [B, S]
+  np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
+  as_long = lambda x: torch.tensor(np.asarray(x), dtype=torch.long, device=device)
+  return {"input_ids": as_long(data["input_ids"]), "attention_mask": as_long(data["input_mask"]),
+          "labels": as_long(labels)}

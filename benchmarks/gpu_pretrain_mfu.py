@@ -3,10 +3,13 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
   python -m benchmarks.gpu_pretrain_mfu --size=base --seq=128 --batch=256
   python -m benchmarks.gpu_pretrain_mfu --size=base --seq=512 --batch=64 --packing=both
   python -m benchmarks.gpu_pretrain_mfu --peer=none --variants=current,bf16_attention_logits
+  python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=base --seq=1024 --batch=32 \
+      --variants=current,xla_attention --peer=torch,torch_compile
 
-bert_jax's `train_step` (AdamW, dropout on, bfloat16 compute with float32 master weights) is timed
-against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the same
-AdamW, its default SDPA attention) on the same batch, in alternating rounds (bench_util).
+bert_jax's pre-training step (AdamW, dropout on, bfloat16 compute with float32 master weights;
+the job `tasks.registry.job` gives, placed and compiled as a run does: `runtime.job.state_and_step`)
+is timed against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the
+same AdamW, its default SDPA attention) on the same batch, in alternating rounds (bench_util).
 
 Instance lengths follow `--lengths`:
   original  what the original data algorithm gives on long documents: 90% of instances fill the
@@ -21,6 +24,13 @@ Reported per configuration (one JSON line):
   useful_mfu   the same with only real tokens counted (padding and cross-pair attention are waste)
   vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
   real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
+`--family=modernbert` times the ModernBERT-family step instead (`modernbert-<size>`, the recipe of
+experiments/pretrain_modernbert.py: StableAdamW, no dropout, so cuDNN's fused attention with the
+band as a bias on local layers; full rows, 30% masked, no NSP) against transformers'
+`ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`, bf16 autocast, AdamW; `torch_compile`:
+the same under `torch.compile`). Its MFU counts each local layer over its band only
+(`model.flops.modern_training_flops`): the FLOPs the architecture needs, not what a dense kernel
+computes.
 `--variants` compiles the step several times in one process, each with one part back in its
 textbook form (`config.model.kernels`, benchmarks/ablations.py), one config change, or a probe
 that prices a part of the recipe (GPU_VARIANTS: `no_hidden_dropout`, `xla_no_dropout`), and times
@@ -41,13 +51,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
-from bert_jax.model import flops, modeling  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.model import flops, local_attention, modeling  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
 VOCAB = 30522
+MODERN_VOCAB, MODERN_MASK_RATE = 50368, 0.30   # ModernBERT's padded vocabulary and masking rate
 # Nominal dense bfloat16 tensor-core peaks (vendor data sheets), FLOP/s.
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12}
 CLS, SEP, MASK = 101, 102, 103
@@ -129,7 +143,13 @@ GPU_VARIANTS = {**{name: ((), changes) for name, changes in ablations.kernel_var
                 # probes (change the recipe): what dropout costs on the XLA attention path
                 "no_hidden_dropout": ((), {"hidden_dropout_prob": 0.0}),
                 "xla_no_dropout": ((), {"attention": "xla", "hidden_dropout_prob": 0.0,
-                                        "attention_probs_dropout_prob": 0.0})}
+                                        "attention_probs_dropout_prob": 0.0}),
+                # the XLA attention path where the default would take cuDNN's kernel
+                "xla_attention": ((), {"attention": "xla"}),
+                # modern family under cuDNN: local layers always by the dense band, or always
+                # by XLA's blocks (the default switches at local_attention.CUDNN_BAND_MAX_TOKENS)
+                "cudnn_local_band": (((local_attention, "CUDNN_BAND_MAX_TOKENS", 10 ** 9),), {}),
+                "cudnn_local_blocks": (((local_attention, "CUDNN_BAND_MAX_TOKENS", 0),), {})}
 
 
 def jax_config(args, overrides=()):
@@ -148,23 +168,40 @@ def jax_config(args, overrides=()):
   return c
 
 
+def modern_bert_config(args) -> BertConfig:
+  return BertConfig.named(f"modernbert-{args.size}", vocab_size=MODERN_VOCAB)
+
+
+def modern_jax_config(args, overrides=()):
+  c = bench_util.modern_pretraining_config(modern_bert_config(args), dtype=args.dtype,
+                                           seq=args.seq, batch=args.batch,
+                                           predictions=args.max_pred)
+  c.model.update(dict(overrides))
+  return c
+
+
+def family_config(args, overrides=()):
+  return (modern_jax_config if args.family == "modernbert" else jax_config)(args, overrides)
+
+
 def jax_step(args, batch, variant="current"):
   """A callable running `steps` train steps of `variant` (compiled here), and its attention."""
   swaps, overrides = GPU_VARIANTS[variant]
-  c = jax_config(args, overrides)
-  job = pretraining.make_job(c)   # the very step a pre-training run trains
+  c = family_config(args, overrides)
+  job = registry.job(c)   # the very job a pre-training run trains
+  par = parallel.create(c)
   start = time.perf_counter()
-  state = jax.jit(job.init_state)()
+  # Placed and compiled as the run does: the job's state shardings, the strategy's step.
+  state, step = jobs.state_and_step(job, par)
   jax.block_until_ready(state)
   print(f"[{variant}] init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
-  step = jax.jit(job.train_step, donate_argnums=(0,))
-  device_batch = jax.device_put(batch)
+  device_batch = par.put_batch(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
   with bench_util.swapped(swaps):
     state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
-    implementation = modeling.attention_implementation(pretraining.bert_config_from(c),
-                                                       deterministic=False)
+    implementation = modeling.attention_kind(pretraining.bert_config_from(c),
+                                             deterministic=False, seq_len=args.seq)
   print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
         f"{float(metrics['loss']):.3f}", flush=True)
   holder = [state]
@@ -174,7 +211,7 @@ def jax_step(args, batch, variant="current"):
       holder[0], metrics = step(holder[0], device_batch, rng)
     metrics["loss"].block_until_ready()  # one sync per round, not per step
 
-  return run, implementation or "xla"
+  return run, implementation
 
 
 def torch_step(args, batch):
@@ -209,6 +246,62 @@ def torch_step(args, batch):
   return run
 
 
+def torch_modern_step(args, batch, compiled: bool):
+  """transformers' ModernBertForMaskedLM of the same shapes on the same batch (bf16 autocast,
+  AdamW, no clipping: the recipe has none), eager or under torch.compile."""
+  import torch
+  device = "cuda" if torch.cuda.is_available() else "cpu"   # the CPU: to try the script out
+  model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
+                          weight_decay=1e-5)
+  inputs = bench_util.modern_mlm_torch_inputs(batch, device=device)
+  forward = torch.compile(model) if compiled else model
+
+  def run(steps):
+    for _ in range(steps):
+      opt.zero_grad(set_to_none=True)
+      with torch.autocast(device, dtype=torch.bfloat16):
+        loss = forward(**inputs).loss
+      loss.backward()
+      opt.step()
+    if device == "cuda":
+      torch.cuda.synchronize()
+
+  return run
+
+
+def run_modern(args, kind: str, peak: float, matmul: float) -> None:
+  """The ModernBERT-family step of each variant and the transformers peers, timed in the same
+  interleaved rounds on full rows; one JSON line per side."""
+  batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred, MODERN_VOCAB)
+  variants = args.variants.split(",")
+  fns, implementation = {}, {}
+  for variant in variants:
+    fns[variant], implementation[variant] = jax_step(args, batch, variant)
+  peers = [p for p in args.peer.split(",") if p != "none"]
+  for peer in peers:
+    fns[peer] = torch_modern_step(args, batch, compiled=peer == "torch_compile")
+  sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
+                                    rounds=args.rounds, steps=1, warmup=1)
+  sec = {k: v / args.steps for k, v in sec.items()}
+  needed = flops.modern_training_flops(modern_bert_config(args), rows=args.batch,
+                                       seq_len=args.seq, predictions=args.batch * args.max_pred)
+  for side in variants + peers:
+    result = {"device": kind, "family": "modernbert", "size": args.size, "seq": args.seq,
+              "batch_rows": args.batch, "masked_per_row": args.max_pred, "dtype": args.dtype,
+              "side": side, "attention": implementation.get(side, "sdpa"),
+              "steps_per_sec": round(1 / sec[side], 3),
+              "tokens_per_sec": round(args.batch * args.seq / sec[side]),
+              "mfu": round(needed / sec[side] / peak, 3),
+              "vs_matmul": round(needed / sec[side] / matmul, 3)}
+    result.update({f"ratio_vs_{peer}": round(sec[peer] / sec[side], 2)
+                   for peer in peers if side in variants})
+    print(json.dumps(result), flush=True)
+  if args.profile:
+    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+      fns[variants[0]](3)
+
+
 def bf16_matmul_flops_per_sec(n: int) -> float:
   a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.bfloat16)
   f = jax.jit(lambda x: x @ x)
@@ -232,15 +325,18 @@ def save_lengths(pattern: str, out: str) -> None:
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--size", default="base")
+  parser.add_argument("--family", default="bert", choices=["bert", "modernbert"])
+  parser.add_argument("--size", default="base", help="bert: a BERT size; modernbert: base|large")
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--batch", type=int, default=256, help="rows per step")
-  parser.add_argument("--max_pred", type=int, default=0, help="0: round(0.15 * seq)")
+  parser.add_argument("--max_pred", type=int, default=0,
+                      help="0: round(0.15 * seq) (modernbert: round(0.30 * seq))")
   parser.add_argument("--max_pairs", type=int, default=0, help="pairs per packed row; 0: seq/32")
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--lengths", default="original")
   parser.add_argument("--packing", default="off", choices=["off", "on", "both"])
-  parser.add_argument("--peer", default="torch", choices=["torch", "none"])
+  parser.add_argument("--peer", default="torch",
+                      help="torch or none; modernbert: a comma list of torch, torch_compile")
   parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--hidden_dropout", type=float, default=-1,
@@ -260,13 +356,16 @@ def main():
   jax.config.update("jax_default_prng_impl", args.prng)
   if args.save_lengths:
     return save_lengths(*args.save_lengths)
-  args.max_pred = args.max_pred or int(round(0.15 * args.seq))
+  rate = MODERN_MASK_RATE if args.family == "modernbert" else 0.15
+  args.max_pred = args.max_pred or int(round(rate * args.seq))
   args.max_pairs = args.max_pairs or max(2, args.seq // 32)
   kind = jax.devices()[0].device_kind
   peak = nominal_peak(kind)
   matmul = bf16_matmul_flops_per_sec(args.matmul_n)
   print(f"{bench_util.machine_line()}; bf16 {args.matmul_n}^3 matmul {matmul / 1e12:.0f} TFLOP/s; "
         f"nominal peak {peak / 1e12:.0f} TFLOP/s", flush=True)
+  if args.family == "modernbert":
+    return run_modern(args, kind, peak, matmul)
   named = BertConfig.named(args.size)
   layers, hidden = named.num_hidden_layers, named.hidden_size
   for packed in {"off": [False], "on": [True], "both": [False, True]}[args.packing]:

@@ -24,13 +24,11 @@ from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax.model import flops  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
-from experiments import pretrain_modernbert  # noqa: E402
 
 VOCAB, MASK_RATE = 50368, 0.30
 
@@ -42,29 +40,14 @@ def model_config(args) -> BertConfig:
                           local_attention=args.local_attention)
 
 
-def make_batch(batch, seq, predictions, seed=0):
-  rng = np.random.RandomState(seed)
-  ids = rng.randint(10, VOCAB, size=(batch, seq)).astype(np.int32)
-  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
-                                for _ in range(batch)]), axis=1).astype(np.int32)
-  return {"input_ids": ids, "input_mask": np.ones_like(ids),
-          "segment_ids": np.zeros_like(ids), "masked_lm_positions": positions,
-          "masked_lm_ids": rng.randint(10, VOCAB, size=(batch, predictions)).astype(np.int32),
-          "masked_lm_weights": np.ones((batch, predictions), np.float32),
-          "next_sentence_labels": np.zeros((batch, 1), np.int32)}
-
-
 def jax_step(args, predictions):
-  c = pretrain_modernbert.get_config("size=base")
-  c.model = model_config(args).to_dict()
-  c.model.dtype = "float32"
-  c.max_seq_length, c.max_predictions_per_seq = args.seq, predictions
-  c.global_batch_size, c.num_train_steps, c.warmup_steps = args.batch, 1000, 10
-  c.batch_warmup.start_batch_size = 0   # one step of the whole batch (no ramp, no accumulation)
+  c = bench_util.modern_pretraining_config(model_config(args), dtype="float32", seq=args.seq,
+                                           batch=args.batch, predictions=predictions)
   job = pretraining.make_job(c)   # the very step a pre-training run trains
   state = jax.jit(job.init_state)()
   step = jax.jit(job.train_step, donate_argnums=(0,))
-  data = jax.device_put(make_batch(args.batch, args.seq, predictions))
+  data = jax.device_put(bench_util.modern_mlm_batch(args.batch, args.seq, predictions,
+                                                     VOCAB))
   rng = jax.random.PRNGKey(1)
   holder = [state]
 
@@ -77,23 +60,12 @@ def jax_step(args, predictions):
 
 def torch_step(args, predictions):
   import torch
-  import transformers
   torch.set_num_threads(args.threads)
-  c = model_config(args)
-  config = transformers.ModernBertConfig(
-      vocab_size=VOCAB, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-      local_attention=c.local_attention, global_attn_every_n_layers=3,
-      sparse_prediction=True, attn_implementation="sdpa")
-  model = transformers.ModernBertForMaskedLM(config).train()
+  model = bench_util.transformers_modernbert_mlm(model_config(args), "sdpa")
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
-  data = make_batch(args.batch, args.seq, predictions)
-  labels = np.full((args.batch, args.seq), -100, np.int64)
-  np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
-  inputs = {"input_ids": torch.tensor(data["input_ids"], dtype=torch.long),
-            "attention_mask": torch.tensor(data["input_mask"], dtype=torch.long),
-            "labels": torch.tensor(labels)}
+  inputs = bench_util.modern_mlm_torch_inputs(
+      bench_util.modern_mlm_batch(args.batch, args.seq, predictions, VOCAB))
 
   def one():
     opt.zero_grad(set_to_none=True)

@@ -223,9 +223,9 @@ def set_dropout(config, rate: float) -> None:
 def prepare_data(config, workdir: str) -> None:
   """Builds the demo corpus into WORKDIR/data once (later runs reuse it) and points config at it."""
   if config.data.prepare_demo_corpus:
-    from data_pipelines import demo_corpus
+    from bert_jax.tasks.jobs import pretraining_data
     os.makedirs(workdir, exist_ok=True)
-    config.update_from_flattened_dict(demo_corpus.prepare(config, workdir))
+    config.update_from_flattened_dict(pretraining_data.data_changes(config, workdir))
 
 
 def take_batches(config, count: int) -> List[Batch]:

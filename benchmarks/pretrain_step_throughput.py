@@ -27,8 +27,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from bert_jax import parallel  # noqa: E402
 from bert_jax.model.config import NAMED_SIZES  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
 VOCAB, MASKED = 30522, 20
@@ -65,10 +67,10 @@ def jax_step(size, batch, seq, model_overrides=None):
   c.model.update(model_overrides or {})
   c.max_seq_length, c.max_predictions_per_seq, c.global_batch_size = seq, MASKED, batch
   c.num_train_steps, c.warmup_steps = 1000, 10
-  job = pretraining.make_job(c)   # the very step a pre-training run trains
-  state = jax.jit(job.init_state)()
-  step = jax.jit(job.train_step, donate_argnums=(0,))
-  batch_data = jax.device_put(make_batch(batch, seq))
+  job = registry.job(c)   # the very job a pre-training run trains
+  par = parallel.create(c)
+  state, step = jobs.state_and_step(job, par)   # placed and compiled as the run does
+  batch_data = par.put_batch(make_batch(batch, seq))
   rng = jax.random.PRNGKey(1)
   holder = [state]
 

@@ -3,13 +3,14 @@
 Documents are the language reference topics (`pydoc_data.topics`, pure prose) and the docstrings of
 the standard library's modules, classes and functions, with doctest lines removed. About 2,000
 documents and 1.5 MB of English: enough for a small BERT to learn real masked-LM accuracy on a CPU
-in minutes, with no download. `prepare()` turns it into what a pre-training run needs (a WordPiece
-vocabulary and dynamic-masking TFRecords) inside the workdir, once; later runs reuse the files.
+in minutes, with no download. `corpus()` hands it to `workdir_data.prepare`, which turns it into
+what a pre-training run needs (a WordPiece vocabulary and dynamic-masking TFRecords) inside the
+workdir, once; later runs reuse the files.
 """
 import ast
 import os
 import sysconfig
-from typing import Any, Dict, Iterator, List
+from typing import Iterator, List
 
 from data_pipelines.sentences import split_sentences
 
@@ -59,16 +60,10 @@ def documents(max_documents: int = 0) -> Iterator[List[str]]:
       return
 
 
-def prepare(config, workdir: str) -> Dict[str, Any]:
-  """Builds the demo's vocabulary and dynamic-masking records in WORKDIR/data (once).
-
-  Returns the config changes that read them: `data.input_files`, `eval_input_files`,
-  `tokenizer.vocab_file` and `model.vocab_size`, the learned vocabulary's size
-  (data_pipelines/workdir_data.py). With `config.tokenizer.vocab_file` (or `spm_model_file`)
-  given, the records use that vocabulary instead: continued pre-training of a released
-  checkpoint on this corpus.
-  """
+def corpus(max_documents: int = 0):
+  """The demo corpus for `workdir_data.prepare` (its vocabulary and dynamic-masking records built
+  into WORKDIR/data once; a given vocabulary instead: continued pre-training of a released
+  checkpoint on this corpus)."""
   from data_pipelines import workdir_data
-  return workdir_data.prepare(config, workdir,
-                              lambda: documents(config.data.demo_max_documents),
-                              "the demo corpus (Python's documentation)")
+  return workdir_data.Corpus(lambda: documents(max_documents),
+                             "the demo corpus (Python's documentation)")

@@ -1,14 +1,19 @@
 """Raw documents -> what a pre-training run reads, built once into WORKDIR/data.
 
-Used by the demo (Python's documentation) and by continued pre-training on a user's text files
-(`config.data.text_files`). Every `holdout_every`-th document goes to the held-out split; the
-vocabulary is the run's (`config.tokenizer.vocab_file` / `spm_model_file` / `tokenizer_file`, e.g.
-a checkpoint's) or, if none is given, a WordPiece vocabulary of `config.model.vocab_size` learned
-on the training documents. Records use dynamic masking and hold sentence pairs with NSP labels,
-or, with `config.data.instances="contiguous"`, contiguous full-length instances without them. A
-later run (a resume) finds WORKDIR/data/DONE and reuses the files, so the data never changes under
-a running experiment (asking for the other kind of instances then is an error).
+Used by the demo (Python's documentation, `demo_corpus.corpus`) and by continued pre-training on a
+user's text files (`text_files`). Every `holdout_every`-th document goes to the held-out split;
+the vocabulary is the run's (`Vocabulary`: a WordPiece vocab.txt, a SentencePiece model or a
+tokenizer.json, e.g. a checkpoint's) or, if none is given, a WordPiece vocabulary of
+`Settings.learned_vocab_size` learned on the training documents. Records use dynamic masking and
+hold sentence pairs with NSP labels, or, with `Settings.instances="contiguous"`, contiguous
+full-length instances without them. A later run (a resume) finds WORKDIR/data/DONE and reuses the
+files, so the data never changes under a running experiment (asking for the other kind of
+instances then is an error: `InstancesMismatch`).
+
+Every argument is explicit; the pre-training job translates its config into them
+(bert_jax/tasks/jobs/pretraining_data.py).
 """
+import dataclasses
 import json
 import time
 from typing import Any, Callable, Dict, Iterable, List, Tuple
@@ -22,6 +27,72 @@ DONE = "DONE"
 WAIT_ENV = "BERT_JAX_DATA_WAIT_SECS"
 DEFAULT_WAIT_SECS = 7200.0
 _POLL_SECS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """Raw documents (lists of sentences) and what to call them in the build's message."""
+  documents: Callable[[], Iterable[List[str]]]   # called only when the data is built
+  description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+  """The run's vocabulary (one file or none; none: a WordPiece vocabulary is learned)."""
+  vocab_file: str = ""
+  spm_model_file: str = ""
+  tokenizer_file: str = ""
+  do_lower_case: bool = True
+
+  @property
+  def path(self) -> str:
+    return self.vocab_file or self.spm_model_file or self.tokenizer_file
+
+  @property
+  def name(self) -> str:
+    """Its file name in WORKDIR/data (where a given one is copied, so that fine-tuning from the
+    workdir finds it; a learned one is written there as vocab.txt)."""
+    return ("vocab.txt" if not self.path or self.vocab_file else
+            "spm.model" if self.spm_model_file else "tokenizer.json")
+
+  def tokenizer(self):
+    return tokenization.create_tokenizer(vocab_file=self.vocab_file or None,
+                                         spm_model_file=self.spm_model_file or None,
+                                         tokenizer_file=self.tokenizer_file or None,
+                                         do_lower_case=self.do_lower_case)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How the records are made (the fields of `create_pretraining_data.create_pretraining_data`
+  a run decides, and the split)."""
+  max_seq_length: int
+  max_predictions_per_seq: int
+  seed: int
+  dupe_factor: int = 1                # passes over the training documents (held-out: one)
+  holdout_every: int = 20
+  instances: str = "pairs"            # pairs (NSP labels) | contiguous (none)
+  learned_vocab_size: int = 0         # the WordPiece vocabulary learned when none is given
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What WORKDIR/data holds for a run: the records, and the vocabulary learned there (empty
+  when the run gave one: the records index that)."""
+  train_records: str
+  eval_records: str
+  learned_vocab_file: str = ""        # WORKDIR/data/vocab.txt, lower-cased WordPiece
+  learned_vocab_size: int = 0
+
+
+class InstancesMismatch(ValueError):
+  """Reused records are the other kind of instances than the run asks for."""
+
+  def __init__(self, records: str, built: str, asked: str):
+    super().__init__(f"{records} holds {built} instances (built by an earlier run in this "
+                     f"workdir), but the run asks for {asked!r} instances: use a new workdir, or "
+                     f"instances={built!r}")
+    self.records, self.built, self.asked = records, built, asked
 
 
 def write_corpus(documents: Iterable[List[str]], train_path: str, eval_path: str,
@@ -40,78 +111,77 @@ def write_corpus(documents: Iterable[List[str]], train_path: str, eval_path: str
   return counts[0], counts[1]
 
 
-def prepare(config, workdir: str, documents: Callable[[], Iterable[List[str]]],
-            description: str) -> Dict[str, Any]:
-  """Builds WORKDIR/data once; returns the config changes that point a run at it
-  ({"data.input_files": ..., "tokenizer.vocab_file": ..., "model.vocab_size": ...}: apply them
-  with `config.update_from_flattened_dict` or `config_names.replaced`). `config` is not changed.
+def text_files(spec: str) -> Corpus:
+  """Raw text in BERT's input format (a comma list and/or globs, expanded now: a missing file is
+  an error before anything else), read with the data builder's reader; its statistics printed
+  once read."""
+  from data_pipelines import build_vocab, create_pretraining_data
+  files = build_vocab.expand_input_files(spec)
 
-  documents: called only when the data is built (a resume never reads the corpus again).
-  Of several processes of one run, process 0 builds and the others wait for its DONE marker
-  (they share the workdir: two builders would write into each other's half-written files).
+  def documents():
+    stats = create_pretraining_data.Stats()
+    yield from create_pretraining_data.documents_from_files(
+        files, create_pretraining_data.Options(), stats)
+    print(stats.summary(), flush=True)
+  return Corpus(documents, f"{len(files)} text file(s)")
+
+
+def prepare(workdir: str, corpus: Corpus, settings: Settings,
+            vocabulary: Vocabulary = Vocabulary()) -> Prepared:
+  """Builds WORKDIR/data once from `corpus`; returns where the records (and a learned
+  vocabulary) are.
+
+  `corpus.documents` is called only when the data is built (a resume never reads the corpus
+  again). Of several processes of one run, process 0 builds and the others wait for its DONE
+  marker (they share the workdir: two builders would write into each other's half-written
+  files). Reused records of the other kind of instances: `InstancesMismatch`.
   """
-  from data_pipelines import create_pretraining_data
   data_dir = filesystem.join(workdir, "data")
   paths = {name: filesystem.join(data_dir, name)
            for name in ("train.txt", "eval.txt", "vocab.txt", "train.tfrecord", "eval.tfrecord")}
-  given_vocab = (config.tokenizer.vocab_file or config.tokenizer.spm_model_file
-                 or config.tokenizer.tokenizer_file)
-  # The vocabulary the records' ids index, kept in WORKDIR/data (a given one copied there, so
-  # that fine-tuning from this workdir finds it).
-  vocab_name = ("vocab.txt" if not given_vocab or config.tokenizer.vocab_file else
-                "spm.model" if config.tokenizer.spm_model_file else "tokenizer.json")
-  instances = config.data.instances
-  if instances not in create_pretraining_data.INSTANCES:
-    raise ValueError(f"config.data.instances={instances!r}: expected one of "
-                     f"{create_pretraining_data.INSTANCES}")
-  if instances == "contiguous" and config.objective == "mlm_nsp":
-    raise ValueError("config.data.instances='contiguous' writes records without NSP labels, but "
-                     "config.objective='mlm_nsp' trains NSP: use --config.objective=mlm (or ltr), "
-                     "or config.data.instances='pairs'")
   done = filesystem.join(data_dir, DONE)
   if not outputs.is_writer():
     _wait_for(done)
   elif not filesystem.exists(done):
-    _build(config, paths, data_dir, documents, description, given_vocab, vocab_name)
-  _check_instances(paths["train.tfrecord"], instances)
-  _check_vocabulary(done, data_dir, vocab_name, given_vocab)
-  changes: Dict[str, Any] = {
-      "data.input_files": paths["train.tfrecord"],
-      # Evaluation on other held-out records (e.g. another corpus's) when the config names them.
-      "data.eval_input_files": config.data.eval_input_files or paths["eval.tfrecord"],
-      "data.masking": "dynamic"}
-  if not given_vocab:
-    changes.update({"tokenizer.vocab_file": paths["vocab.txt"], "tokenizer.do_lower_case": True,
-                    "model.vocab_size": _tokenizer(config, paths["vocab.txt"]).vocab_size})
-  return changes
+    _build(paths, data_dir, corpus, settings, vocabulary)
+  _check_instances(paths["train.tfrecord"], settings.instances)
+  _check_vocabulary(done, data_dir, vocabulary)
+  if vocabulary.path:
+    return Prepared(paths["train.tfrecord"], paths["eval.tfrecord"])
+  return Prepared(paths["train.tfrecord"], paths["eval.tfrecord"],
+                  learned_vocab_file=paths["vocab.txt"],
+                  learned_vocab_size=_learned(paths["vocab.txt"]).vocab_size)
 
 
-def _build(config, paths, data_dir: str, documents, description: str, given_vocab: str,
-           vocab_name: str) -> None:
+def _build(paths, data_dir: str, corpus: Corpus, settings: Settings,
+           vocabulary: Vocabulary) -> None:
   """The corpus, vocabulary and records written into `data_dir`, then DONE: the number of
   documents and the digest of the vocabulary the records were made with."""
   from data_pipelines import build_vocab, create_pretraining_data
   filesystem.makedirs(data_dir)
-  print(f"Building pre-training records from {description} in {data_dir} ...", flush=True)
-  train_docs, eval_docs = write_corpus(documents(), paths["train.txt"], paths["eval.txt"],
-                                       config.data.holdout_every)
-  if not given_vocab:
+  print(f"Building pre-training records from {corpus.description} in {data_dir} ...",
+        flush=True)
+  train_docs, eval_docs = write_corpus(corpus.documents(), paths["train.txt"], paths["eval.txt"],
+                                       settings.holdout_every)
+  if not vocabulary.path:
     build_vocab.train_wordpiece([paths["train.txt"]], paths["vocab.txt"],
-                                vocab_size=config.model.vocab_size, do_lower_case=True)
-  elif filesystem.absolute(given_vocab) != filesystem.absolute(
-      filesystem.join(data_dir, vocab_name)):   # not the copy itself
-    filesystem.copy(given_vocab, filesystem.join(data_dir, vocab_name))
-  tokenizer = _tokenizer(config, paths["vocab.txt"])
+                                vocab_size=settings.learned_vocab_size, do_lower_case=True)
+    tokenizer = _learned(paths["vocab.txt"])
+  else:
+    if filesystem.absolute(vocabulary.path) != filesystem.absolute(
+        filesystem.join(data_dir, vocabulary.name)):   # not the copy itself
+      filesystem.copy(vocabulary.path, filesystem.join(data_dir, vocabulary.name))
+    tokenizer = vocabulary.tokenizer()
   for split in ("train", "eval"):
     create_pretraining_data.create_pretraining_data(
         [paths[f"{split}.txt"]], [paths[f"{split}.tfrecord"]], tokenizer,
-        max_seq_length=config.max_seq_length,
-        max_predictions_per_seq=config.max_predictions_per_seq, random_seed=config.seed,
-        dupe_factor=config.data.dupe_factor if split == "train" else 1,
-        masking="dynamic", instances=config.data.instances, progress=False)
+        max_seq_length=settings.max_seq_length,
+        max_predictions_per_seq=settings.max_predictions_per_seq, random_seed=settings.seed,
+        dupe_factor=settings.dupe_factor if split == "train" else 1,
+        masking="dynamic", instances=settings.instances, progress=False)
   _write_done(filesystem.join(data_dir, DONE),
               {"train_documents": train_docs, "eval_documents": eval_docs,
-               "vocabulary": file_digests.digests(data_dir, [vocab_name])})
+               "vocabulary": file_digests.digests(data_dir, [vocabulary.name])})
 
 
 def _write_done(path: str, record: Dict[str, Any]) -> None:
@@ -152,10 +222,11 @@ def _wait_for(done: str) -> None:
     time.sleep(_POLL_SECS)
 
 
-def _check_vocabulary(done: str, data_dir: str, vocab_name: str, given_vocab: str) -> None:
+def _check_vocabulary(done: str, data_dir: str, vocabulary: Vocabulary) -> None:
   """The vocabulary in WORKDIR/data (and a given one) is the one the records were built with:
   the records hold its ids, so another file (edited, cut short, replaced) would train on other
   tokens without a sign. DONE of an earlier version records no digest: recorded now."""
+  vocab_name, given_vocab = vocabulary.name, vocabulary.path
   record = _read_done(done)
   recorded = record.get("vocabulary")
   if not recorded:
@@ -187,16 +258,8 @@ def _check_instances(records: str, instances: str) -> None:
   from data_pipelines import input_pipeline
   built = "pairs" if input_pipeline.has_nsp_labels(records) else "contiguous"
   if built != instances:
-    raise ValueError(f"{records} holds {built} instances (built by an earlier run in this "
-                     f"workdir), but config.data.instances={instances!r}: use a new workdir, or "
-                     f"config.data.instances={built!r}")
+    raise InstancesMismatch(records, built, instances)
 
 
-def _tokenizer(config, learned_vocab: str):
-  if (config.tokenizer.vocab_file or config.tokenizer.spm_model_file
-      or config.tokenizer.tokenizer_file):
-    return tokenization.create_tokenizer(vocab_file=config.tokenizer.vocab_file or None,
-                                         spm_model_file=config.tokenizer.spm_model_file or None,
-                                         tokenizer_file=config.tokenizer.tokenizer_file or None,
-                                         do_lower_case=config.tokenizer.do_lower_case)
-  return tokenization.FullTokenizer(learned_vocab, do_lower_case=True)
+def _learned(vocab_file: str):
+  return tokenization.FullTokenizer(vocab_file, do_lower_case=True)

@@ -146,6 +146,31 @@ def test_fine_tuning_step_compiles_for_a_slice(compile_report, tmp_path, acceler
   assert report["flops_per_step"] > 0 and report["model_flops_per_step"] > 0
 
 
+def test_compile_for_the_feature_based_job(compile_report, tmp_path):
+  """config.task=ner_feature_based: the BiLSTM tagger's step of the first layer choice, from the
+  registry's job like every other, on zero features of the training sentences' shapes (the
+  frozen encoder is not run: nothing extracted, nothing trained)."""
+  from experiments import ner_feature_based
+  from tests import finetuning_fixtures as ftx
+  config = ner_feature_based.get_config("quick")
+  config.init_checkpoint = ftx.write_checkpoint(str(tmp_path / "ckpt"), num_hidden_layers=4)
+  config.layer_choices = ("concat_last_four", "last")
+  workdir = tmp_path / "aot"
+  report = compile_report.run(config, str(workdir), "v5litepod-4")
+  assert report["num_devices"] == 4 and report["global_batch_size"] == 4
+  assert report["fits"] and report["eval_step"]["fits"]
+  assert report["flops_per_step"] > 0 and report["bytes_by_category"]["matmul"] > 0
+  assert json.load(open(workdir / "compile_report.json", encoding="utf-8"))["fits"]
+  assert sorted(os.listdir(workdir)) == ["compile_report.json"]
+
+
+def test_a_task_of_several_jobs_is_refused_at_once(compile_report, tmp_path):
+  config = _tiny()
+  config.task = "glue_all"
+  with pytest.raises(ValueError, match="config.task='glue_all' has no single job"):
+    compile_report.run(config, str(tmp_path), "v5litepod-4")
+
+
 @pytest.mark.slow
 def test_scanned_layers_cost_is_the_unrolled_steps(compile_report, tmp_path):
   """XLA counts a scanned layer once; the report's FLOPs for a scan over 4 layers come from the

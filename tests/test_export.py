@@ -210,7 +210,7 @@ def test_huggingface_export_equals_bert_jax(fine_tuned_runs, tmp_path, name, aut
     for key, value in _reference(servable, inputs).items():
       if key == "probabilities":
         continue
-      got = getattr(theirs, serving.HF_OUTPUT_NAMES[key]).numpy()
+      got = getattr(theirs, servable.output_kind.hf_outputs[key]).numpy()
       if key == "score":
         got = got[:, 0]
       if key == "sequence_output":   # padding positions are not defined the same way

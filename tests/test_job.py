@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
+from bert_jax.runtime import job as jobs
+from bert_jax.runtime import loop
 from bert_jax.tasks.jobs import pretraining
 from bert_jax.tasks.tools import compile_report
 from tests.test_train_step import tiny_config
@@ -61,3 +63,77 @@ def test_compile_for_lowers_the_function_that_trains(monkeypatch, tmp_path):
   report = compile_report.run(config, str(tmp_path), "v5litepod-4")
   assert report["fits"] and len(built) == 1
   assert compiled_steps == [built[0].train_step]
+
+
+class _Recorder(loop.Action):
+  """Every call the loop makes on it, in order; adds a field to the training lines."""
+
+  def __init__(self):
+    self.calls = []
+
+  def start(self, step):
+    self.calls.append(("start", step))
+
+  def before_step(self, step, batch):
+    self.calls.append(("before_step", step))
+
+  def after_step(self, step, outputs):
+    self.calls.append(("after_step", step))
+
+  def log(self, step, state):
+    self.calls.append(("log", step))
+    return {"recorded_step": float(step)}
+
+  def logged(self, step, line):
+    self.calls.append(("logged", step, line["recorded_step"]))
+
+  def pause(self):
+    self.calls.append(("pause",))
+
+  def resume(self):
+    self.calls.append(("resume",))
+
+  def end(self, step):
+    self.calls.append(("end", step))
+
+
+def _two_step_job(actions) -> jobs.Job:
+  """A job of one dense layer, its batch a pure function of the step: two steps, no evaluation,
+  the training line and the checkpoint at the last step."""
+  import flax.linen as nn
+  import jax.numpy as jnp
+  import optax
+  from bert_jax.runtime.state import TrainState
+  model, tx = nn.Dense(1), optax.sgd(0.1)
+  batch = {"x": np.ones((2, 3), np.float32)}
+
+  def train_step(state, batch, rng):
+    del rng
+    loss = lambda params: jnp.mean(model.apply({"params": params}, batch["x"]) ** 2)
+    value, grads = jax.value_and_grad(loss)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), {"loss": value}
+
+  return jobs.Job(
+      name="two steps", model=model, tx=tx, schedule=lambda step: 0.1,
+      init_state=lambda: TrainState.create(
+          model.init(jax.random.PRNGKey(0), batch["x"])["params"], tx),
+      param_axes=None, train_step=train_step, eval_step=None, example_batch=lambda rows: batch,
+      settings=loop.LoopSettings(num_steps=2, log_every_steps=100),
+      batches=lambda: jobs.Batches(lambda step: batch), dropout_rng=jax.random.PRNGKey(1),
+      actions=actions)
+
+
+def test_the_loop_runs_the_actions_a_job_carries(tmp_path):
+  """`Job.actions` hang on the loop of `runtime.job.run`: called at every point, after the
+  loop's own, their fields in metrics.jsonl."""
+  from bert_jax.runtime.metric_writers import read_metrics
+  recorder = _Recorder()
+  outcome = jobs.run(_two_step_job((recorder,)), str(tmp_path),
+                     parallel.create(tiny_config()))
+  assert not outcome.preempted and outcome.trainer.actions[-1] is recorder
+  assert recorder.calls == [("start", 0), ("before_step", 0), ("after_step", 1),
+                            ("before_step", 1), ("after_step", 2), ("log", 2),
+                            ("logged", 2, 2.0), ("pause",), ("resume",), ("end", 2)]
+  assert read_metrics(str(tmp_path), "train")[-1]["recorded_step"] == 2.0

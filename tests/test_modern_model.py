@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="torch (test extra) runs the referen
 transformers = pytest.importorskip("transformers", reason="transformers is the reference model")
 
 from bert_jax.io import checkpoints  # noqa: E402
-from bert_jax.model import families, local_attention, modeling  # noqa: E402
+from bert_jax.model import families, local_attention, modeling, modern  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 
 TOL = 1e-5
@@ -172,6 +172,53 @@ def test_blocked_local_attention_equals_the_band_of_the_full_matrix():
            for f in (blocked, reference)]
   for ours, theirs in zip(*grads):
     np.testing.assert_allclose(ours, theirs, atol=2e-5)
+
+
+def test_local_layers_take_blocks_by_attention_path_and_length():
+  """XLA: blocks from 4 blocks per row (512 tokens with a 64-token window). cuDNN: the band as
+  its bias up to CUDNN_BAND_MAX_TOKENS (faster there on a GPU), blocks past it (cuDNN through jax
+  has no two-sided window: the band would be the whole [S, S]). Splash: never (its own mask)."""
+  window, limit = 64, local_attention.CUDNN_BAND_MAX_TOKENS
+  assert [local_attention.use_blocks(n, window) for n in (511, 512, 8192)] == [False, True, True]
+  assert [local_attention.use_blocks(n, window, "cudnn")
+          for n in (512, limit, limit + 128, 8192)] == [False, False, True, True]
+  assert not local_attention.use_blocks(8192, window, "splash")
+  config = BertConfig.named("modernbert-base", num_hidden_layers=3, hidden_size=64,
+                            num_attention_heads=2, intermediate_size=96, vocab_size=128,
+                            local_attention=128, pad_token_id=0)
+  mask = jnp.ones((1, 8192), jnp.int32)
+  cudnn = modern.attention_context(config, mask, None, "cudnn", 8192)
+  assert cudnn.blocked and cudnn.local_bias is None and cudnn.global_bias is not None
+  short = modern.attention_context(config, mask[:, :1024], None, "cudnn", 1024)
+  assert not short.blocked and short.local_bias.shape == (1, 1, 1024, 1024)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_rotary_positions_on_tpu_swap_the_halves_by_a_product(dtype, heads_first):
+  """Traced for a TPU, the rotation swaps each head's halves by a product with a permutation
+  instead of slices: the same values and gradients, bit for bit, as the sliced form (which
+  is transformers' x cos + rotate_half(x) sin, tested against it above)."""
+  from bert_jax.model import kernels
+  rng = np.random.RandomState(5)
+  shape = (2, 3, 16, 8) if heads_first else (2, 16, 3, 8)                     # D = 8
+  x = jnp.asarray(rng.randn(*shape), dtype)
+  g = jnp.asarray(rng.randn(*shape), dtype)
+  cos, sin = modern.rotary_tables(jnp.arange(16)[None], 8, 10_000.0)
+
+  def rotated(x):
+    return modern.apply_rotary(x, cos, sin, heads_first)
+
+  def run():
+    out, pullback = jax.vjp(rotated, x)
+    return out, pullback(g)[0]
+
+  sliced = run()
+  with kernels.compiling_for("tpu"):
+    by_product = run()
+  for a, b in zip(by_product, sliced):
+    assert a.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def test_scanned_layers_equal_per_layer(reference, tmp_path):

@@ -162,6 +162,23 @@ def test_softmax_cross_entropy_is_minus_log_softmax_at_the_label_with_its_gradie
   assert low_grad.dtype == jnp.bfloat16
 
 
+def test_the_tpu_form_of_the_label_logit_is_the_gather():
+  """`label_by_mask` (what `kernels.select` takes on TPU) reads the label's logit as a masked sum
+  over the vocabulary: the same values and gradients as the gather, bit for bit."""
+  rng = np.random.RandomState(1)
+  logits = jnp.asarray(rng.randn(3, 5, 70).astype(np.float32) * 4)
+  labels = jnp.asarray(rng.randint(0, 70, size=(3, 5)))
+  g = jnp.asarray(rng.randn(3, 5).astype(np.float32))
+  for masked, gathered in zip(ops.softmax_cross_entropy(logits, labels, label_by_mask=True),
+                              ops.softmax_cross_entropy(logits, labels)):
+    np.testing.assert_array_equal(masked, gathered)
+  grad = lambda by_mask: jax.grad(lambda x: jnp.sum(
+      ops.softmax_cross_entropy(x, labels, label_by_mask=by_mask)[0] * g))(logits)
+  np.testing.assert_array_equal(grad(True), grad(False))
+  assert kernels.select("auto", "tpu").softmax_cross_entropy.keywords == {"label_by_mask": True}
+  assert kernels.select("auto", "cpu").softmax_cross_entropy is ops.softmax_cross_entropy
+
+
 # ----------------------------------------------------------------------- the kernels option
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax.tasks.datasets import glue, ner
 
-from bert_jax.tasks.framework import best_model
+from bert_jax.tasks.framework import best_model, output_kinds
 
 from bert_jax.tasks.tools import fine_tuned, prediction
 
@@ -95,7 +95,7 @@ def test_tagging_gives_one_tag_per_word_as_the_run_did(fine_tuned_runs, tmp_path
   for o, s in zip(out, sentences):
     assert o["words"] == s.words
     assert [(e["type"], e["start"], e["end"] - 1) for e in o["entities"]] == \
-        ner.get_entities(o["tags"])
+        output_kinds.get_entities(o["tags"])
 
 
 def test_squad_json_answers_equal_the_runs_predictions(fine_tuned_runs, tmp_path):

@@ -1,6 +1,10 @@
-"""WORKDIR/data (data_pipelines/workdir_data.py): built once, by one process, and its vocabulary
-checked on every later start.
+"""WORKDIR/data (data_pipelines/workdir_data.py, from a run's config by
+bert_jax/tasks/jobs/pretraining_data.py): built once, by one process, and its vocabulary checked on
+every later start.
 
+* `workdir_data.prepare` takes explicit arguments (the corpus, `Settings`, `Vocabulary`) and says
+  where the records and the learned vocabulary are; `pretraining_data` turns a config into them
+  and what was built into config changes.
 * Two processes of one run (`--num_processes=2`, one workdir) start the demo from an empty
   workdir: process 0 builds the data while process 1 waits for DONE, process 1 writes nothing
   there (every file each process opens for writing is logged by an audit hook), and both train.
@@ -18,9 +22,9 @@ import time
 import pytest
 
 from bert_jax.io import file_digests, workdir_lock
+from bert_jax.tasks.jobs import pretraining_data
 from data_pipelines import demo_corpus, workdir_data
 from tests import test_multihost
-
 
 
 def _demo_config():
@@ -32,9 +36,24 @@ def _demo_config():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-  """A workdir whose data the demo built once (copied by each test that changes it)."""
+  """A workdir whose data the demo built once (copied by each test that changes it), by the
+  data pipeline's own arguments: nothing of the config reaches it."""
   workdir = str(tmp_path_factory.mktemp("built") / "work")
-  demo_corpus.prepare(_demo_config(), workdir)
+  config = _demo_config()
+  settings = workdir_data.Settings(max_seq_length=config.max_seq_length,
+                                   max_predictions_per_seq=config.max_predictions_per_seq,
+                                   seed=config.seed, dupe_factor=config.data.dupe_factor,
+                                   holdout_every=config.data.holdout_every,
+                                   learned_vocab_size=config.model.vocab_size)
+  assert pretraining_data.settings(config) == (settings, workdir_data.Vocabulary())
+  prepared = workdir_data.prepare(workdir, demo_corpus.corpus(60), settings)
+  data = os.path.join(workdir, "data")
+  assert prepared == workdir_data.Prepared(
+      os.path.join(data, "train.tfrecord"), os.path.join(data, "eval.tfrecord"),
+      learned_vocab_file=os.path.join(data, "vocab.txt"),
+      learned_vocab_size=prepared.learned_vocab_size)
+  with open(prepared.learned_vocab_file) as f:
+    assert prepared.learned_vocab_size == len(f.read().splitlines()) > 100
   return workdir
 
 
@@ -58,7 +77,7 @@ def test_done_records_the_vocabulary_and_a_changed_one_is_an_error_naming_it(bui
   assert done["vocabulary"] == {"vocab.txt": {"bytes": os.path.getsize(vocab),
                                               "sha256": _sha256(vocab)}}
   assert done["train_documents"] > 0 and done["eval_documents"] > 0
-  changes = demo_corpus.prepare(_demo_config(), workdir)   # unchanged: reused
+  changes = pretraining_data.data_changes(_demo_config(), workdir)   # unchanged: reused
   assert changes["tokenizer.vocab_file"] == vocab
 
   # Two tokens swapped: the same size, the same number of tokens, other ids.
@@ -69,14 +88,14 @@ def test_done_records_the_vocabulary_and_a_changed_one_is_an_error_naming_it(bui
     f.write("\n".join(tokens) + "\n")
   assert os.path.getsize(vocab) == done["vocabulary"]["vocab.txt"]["bytes"]
   with pytest.raises(file_digests.DamagedFileError) as error:
-    demo_corpus.prepare(_demo_config(), workdir)
+    pretraining_data.data_changes(_demo_config(), workdir)
   assert vocab in str(error.value) and "SHA-256" in str(error.value)
   assert "new workdir" in str(error.value)
 
   with open(vocab, "w") as f:   # cut short
     f.write("\n".join(tokens[:10]) + "\n")
   with pytest.raises(file_digests.DamagedFileError, match="cut short or replaced") as error:
-    demo_corpus.prepare(_demo_config(), workdir)
+    pretraining_data.data_changes(_demo_config(), workdir)
   assert vocab in str(error.value)
 
 
@@ -85,7 +104,7 @@ def test_a_done_marker_of_an_earlier_version_gets_the_digest_recorded(built, tmp
   done = os.path.join(workdir, "data", workdir_data.DONE)
   with open(done, "w") as f:
     f.write("57 train documents, 3 eval documents\n")   # what earlier versions wrote
-  demo_corpus.prepare(_demo_config(), workdir)
+  pretraining_data.data_changes(_demo_config(), workdir)
   with open(done) as f:
     recorded = json.load(f)["vocabulary"]
   vocab = os.path.join(workdir, "data", "vocab.txt")
@@ -93,7 +112,7 @@ def test_a_done_marker_of_an_earlier_version_gets_the_digest_recorded(built, tmp
   with open(vocab, "a") as f:
     f.write("extra\n")
   with pytest.raises(file_digests.DamagedFileError, match="vocab.txt"):
-    demo_corpus.prepare(_demo_config(), workdir)
+    pretraining_data.data_changes(_demo_config(), workdir)
 
 
 def test_a_run_given_another_vocabulary_than_its_records_is_an_error_naming_both(built, tmp_path):
@@ -102,11 +121,11 @@ def test_a_run_given_another_vocabulary_than_its_records_is_an_error_naming_both
   shutil.copyfile(os.path.join(workdir, "data", "vocab.txt"), given)
   config = _demo_config()
   config.tokenizer.vocab_file = given
-  demo_corpus.prepare(config, workdir)   # the same content: fine
+  pretraining_data.data_changes(config, workdir)   # the same content: fine
   with open(given, "a") as f:
     f.write("extra\n")
   with pytest.raises(ValueError, match="is not the one") as error:
-    demo_corpus.prepare(config, workdir)
+    pretraining_data.data_changes(config, workdir)
   assert given in str(error.value)
   assert os.path.join(workdir, "data", "vocab.txt") in str(error.value)
 

@@ -111,7 +111,7 @@ def train(config, workdir: str, eval_sets: Dict[str, Sequence[common.Batch]]) ->
   workdir = filesystem.absolute(workdir)
   # What train_and_evaluate does before the job: the workdir, the model config kept in it (the
   # records are given: nothing is built).
-  config = pretraining._prepare_workdir(config, workdir)
+  config = pretraining.prepare(config, workdir)
   job = pretraining.make_job(config)
   score = scorer(job.model, config.objective)
   every = config.eval_every_steps

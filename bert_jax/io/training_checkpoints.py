@@ -29,13 +29,13 @@ import importlib.metadata
 import json
 import os
 import re
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
-import tensorflow as tf
 from absl import logging
 from etils import epath
 from orbax.checkpoint._src.serialization import tensorstore_utils as orbax_tensorstore
@@ -64,9 +64,15 @@ def _bound_tensorstore_retries() -> None:
 
 
 _bound_tensorstore_retries()
-# Orbax makes its directories through etils.epath, which calls tf.io.gfile (the guard's why:
-# remote_storage).
-remote_storage.guard_makedirs(tf.io.gfile)
+
+
+def _guard_makedirs(directory: str) -> None:
+  """Orbax makes its directories through etils.epath, which calls tf.io.gfile for URLs (the
+  guard's why: remote_storage). TensorFlow is imported only then: a local run's step, model and
+  checkpoints import without it (the GPU benchmark machine has none)."""
+  if filesystem.is_url(directory):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    remote_storage.guard_makedirs(tf.io.gfile)
 
 
 class CheckpointWriteError(OSError):
@@ -329,6 +335,7 @@ class TrainingCheckpointer:
     self._manager = self._new_manager()
 
   def _new_manager(self) -> ocp.CheckpointManager:
+    _guard_makedirs(self.directory)
     # A step's directories are made before `save` returns, not in the background: made there, a
     # failure (a storage outage) never sent the signal the iterator's blocking save waits for,
     # and the run sat idle for Orbax's whole async timeout (20 minutes) before the error.
@@ -614,19 +621,28 @@ _NOT_DAMAGE_CODES = re.compile(r"\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAU
                                r"PERMISSION_DENIED|UNAUTHENTICATED|ABORTED|CANCELLED)\b|"
                                r"retry attempts failed|[Oo]ut of memory")
 _NOT_DAMAGE_TYPES = (MemoryError, PermissionError, ConnectionError, TimeoutError,
-                     remote_storage.MissingBucketError, tf.errors.UnavailableError,
-                     tf.errors.DeadlineExceededError, tf.errors.ResourceExhaustedError,
-                     tf.errors.PermissionDeniedError, tf.errors.UnauthenticatedError,
-                     tf.errors.AbortedError, tf.errors.CancelledError)
+                     remote_storage.MissingBucketError)
+_NOT_DAMAGE_TF_ERRORS = ("UnavailableError", "DeadlineExceededError", "ResourceExhaustedError",
+                         "PermissionDeniedError", "UnauthenticatedError", "AbortedError",
+                         "CancelledError")
 # What a checkpoint's own files prove: data the store reports as lost or not matching its
 # checksums, bytes that were read but do not decode (TensorStore's "Error decoding b-tree node:
 # ZSTD_decompressStream() failed", which comes with no status code), a file shorter than its
 # index says (OUT_OF_RANGE, "Requested byte range ... is not valid for value of size N":
 # truncated), metadata that does not parse.
 _DAMAGE_CODES = re.compile(r"\b(DATA_LOSS|OUT_OF_RANGE)\b|Error decoding")
-_DAMAGE_TYPES = (CheckpointDamagedError, json.JSONDecodeError, tf.errors.DataLossError)
+_DAMAGE_TYPES = (CheckpointDamagedError, json.JSONDecodeError)
+_DAMAGE_TF_ERRORS = ("DataLossError",)
 _MISSING_CODES = re.compile(r"\bNOT_FOUND\b|was not found in the checkpoint")
-_MISSING_TYPES = (FileNotFoundError, tf.errors.NotFoundError)
+_MISSING_TYPES = (FileNotFoundError,)
+_MISSING_TF_ERRORS = ("NotFoundError",)
+
+
+def _with_tf_errors(types: Tuple[type, ...], tf_names: Tuple[str, ...]) -> Tuple[type, ...]:
+  """`types` and the named `tf.errors` classes, once TensorFlow is imported (an error of
+  TensorFlow's can come only from a TensorFlow that was imported)."""
+  tf = sys.modules.get("tensorflow")
+  return types + tuple(getattr(tf.errors, name) for name in tf_names) if tf else types
 
 
 def restore_error_kind(error: BaseException) -> str:
@@ -637,13 +653,16 @@ def restore_error_kind(error: BaseException) -> str:
   if isinstance(error, CheckpointDamagedError):   # our own proof (fingerprints, a lost item)
     return "damaged"
   chain = _chain(error)
-  if any(isinstance(e, _NOT_DAMAGE_TYPES) or _NOT_DAMAGE_CODES.search(str(e)) for e in chain):
+  not_damage = _with_tf_errors(_NOT_DAMAGE_TYPES, _NOT_DAMAGE_TF_ERRORS)
+  damage = _with_tf_errors(_DAMAGE_TYPES, _DAMAGE_TF_ERRORS)
+  missing = _with_tf_errors(_MISSING_TYPES, _MISSING_TF_ERRORS)
+  if any(isinstance(e, not_damage) or _NOT_DAMAGE_CODES.search(str(e)) for e in chain):
     return "transient"
   if any(isinstance(e, OSError) and e.errno == errno.EIO for e in chain):
     return "transient"   # the disk or network filesystem failed to read: not the content
-  if any(isinstance(e, _DAMAGE_TYPES) or _DAMAGE_CODES.search(str(e)) for e in chain):
+  if any(isinstance(e, damage) or _DAMAGE_CODES.search(str(e)) for e in chain):
     return "damaged"
-  if any(isinstance(e, _MISSING_TYPES) and not isinstance(e, InputMovedError)
+  if any(isinstance(e, missing) and not isinstance(e, InputMovedError)
          or _MISSING_CODES.search(str(e)) for e in chain):
     return "missing"
   return "transient"

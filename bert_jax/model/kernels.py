@@ -35,6 +35,9 @@ then any part names to take in textbook form on top of it, e.g. "tuned,plain_bia
        roofline 2.58 vs 3.40 ms); the tuned GELU and cross-entropy lower them, attention compiles
        to the same program, and flax's dropout lowers bytes but adds 5% FLOPs of random bits
        (kept tuned). An estimate from the compiler's cost analysis, not a timing on a TPU.
+       The tuned cross-entropy reads the label's logit as a masked sum there
+       (`ops.softmax_cross_entropy(label_by_mask=True)`: the same values, fused with the
+       logsumexp instead of a gather from float32 logits written out for it).
 """
 import contextlib
 import contextvars
@@ -160,12 +163,15 @@ def select(spec: str = "auto", backend: Optional[str] = None) -> Kernels:
   # ops.dense_matmul's kernel gradient orientation: [N, K] transposed is faster on CPU only.
   dense = functools.partial(ops.dense_dot_general, transpose_wide_grad=backend == "cpu")
   matmul = functools.partial(ops.dense_matmul, transpose_wide_grad=backend == "cpu")
+  # The label's logit as a masked sum on TPU, where XLA fuses it with the logsumexp.
+  xent = (functools.partial(ops.softmax_cross_entropy, label_by_mask=True) if backend == "tpu"
+          else ops.softmax_cross_entropy)
   return Kernels(
       gelu=pick("jax_gelu", ops.gelu, functools.partial(jax.nn.gelu, approximate=False)),
       Dropout=pick("flax_dropout", ops.Dropout, nn.Dropout),
       add_bias=pick("plain_bias", ops.add_bias, plain_bias),
       attention=pick("einsum_attention", ops.xla_attention, einsum_attention),
-      softmax_cross_entropy=pick("optax_xent", ops.softmax_cross_entropy, optax_cross_entropy),
+      softmax_cross_entropy=pick("optax_xent", xent, optax_cross_entropy),
       dense_dot_general=pick("autodiff_dense", dense, jax.lax.dot_general),
       dense_matmul=pick("autodiff_dense", matmul, autodiff_matmul),
       word_lookup=pick("cast_then_gather", ops.word_lookup, cast_then_gather))

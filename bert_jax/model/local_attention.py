@@ -30,10 +30,21 @@ def block_length(window: int) -> int:
   return _BLOCK_MULTIPLE * max(1, -(-window // _BLOCK_MULTIPLE))
 
 
-def use_blocks(seq_len, window: int) -> bool:
-  """Blocks from 4 blocks per row on: below that the [S, 3C] logits save little over [S, S].
-  A symbolic length (an export for any length) takes the band: blocks need a static one."""
-  return isinstance(seq_len, int) and seq_len >= 4 * block_length(window)
+# cuDNN's fused kernel takes the band as a dense [S, S] bias (through jax it has no two-sided
+# window) and is still the faster local layer at 1,024 tokens on an H200 (ModernBERT-base, 9.2
+# steps/s against 6.4 for XLA); at 8,192 it computes 64x the band's work, so from here on the
+# local layers take the blocks and only the global layers cuDNN (benchmarks/RESULTS.md, GPU).
+CUDNN_BAND_MAX_TOKENS = 2048
+
+
+def use_blocks(seq_len, window: int, kind: str = "xla") -> bool:
+  """Whether local layers attend by blocks under attention `kind` ("xla" or "cudnn"). XLA:
+  from 4 blocks per row on (below that the [S, 3C] logits save little over [S, S]); cuDNN: past
+  `CUDNN_BAND_MAX_TOKENS`. A symbolic length (an export for any length) takes the band: blocks
+  need a static one."""
+  if not isinstance(seq_len, int) or seq_len < 4 * block_length(window):
+    return False
+  return kind == "xla" or (kind == "cudnn" and seq_len > CUDNN_BAND_MAX_TOKENS)
 
 
 def banded_bias(bias: Array, seq_len: int, window: int) -> Array:

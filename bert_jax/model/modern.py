@@ -96,17 +96,26 @@ def rotary_tables(positions: Array, head_dim: int, theta: float):
 
 
 def _turn(x: Array, cos: Array, sin: Array) -> Array:
-  """Each pair (x_i, x_{i + D/2}) turned by its angle: cos, sin [..., D/2]. transformers'
-  x cos + rotate_half(x) sin, with the halves written out instead of negated and concatenated
-  copies of x, in x's dtype. Under bfloat16 the tables are rounded to bfloat16 as transformers
-  rounds them; it then multiplies in float32, which here materialised float32 copies of q and k
-  (compiled for a v5litepod-8, a 4-layer ModernBERT-base step moved 38.2 GB per chip with the
-  float32 products, 32.2 GB without: benchmarks/history/2026-11-25-modern-encoders.md). In
-  float32 both are the same."""
+  """Each pair (x_i, x_{i + D/2}) turned by its angle: cos [..., D] (the angles in both halves),
+  sin [..., D] signed (-sin, sin). transformers' x cos + rotate_half(x) sin, in x's dtype, with
+  rotate_half(x) (-x2, x1) as x (x2, x1) times the signed table. Under bfloat16 the tables are
+  rounded to bfloat16 as transformers rounds them; it then multiplies in float32, which here
+  materialised float32 copies of q and k (compiled for a v5litepod-8, a 4-layer ModernBERT-base
+  step moved 38.2 GB per chip with the float32 products, 32.2 GB without:
+  benchmarks/history/2026-11-25-modern-encoders.md). In float32 both are the same.
+
+  On TPU the halves are swapped by a product with the [D, D] permutation (exact: each output
+  is one input times 1) rather than sliced and concatenated, which XLA's TPU backend fuses
+  with the products and the sum into fewer passes over q and k (the halves of a 64-wide head
+  are half a vector register each; benchmarks/history/2026-11-26-modern-tpu.md); elsewhere
+  they are sliced. The values are the same either way."""
   half = x.shape[-1] // 2
-  cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-  first, second = x[..., :half], x[..., half:]
-  return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  if kernels.target_backend() == "tpu":
+    swap = np.roll(np.eye(2 * half, dtype=np.float32), half, axis=1)      # [D, D]: (x2, x1)
+    swapped = jnp.matmul(x, jnp.asarray(swap, x.dtype), precision=jax.lax.Precision.HIGHEST)
+  else:
+    swapped = jnp.concatenate([x[..., half:], x[..., :half]], axis=-1)     # (x2, x1)
+  return x * cos.astype(x.dtype) + swapped * sin.astype(x.dtype)
 
 
 @jax.custom_vjp
@@ -120,7 +129,7 @@ def _rotate_forward(x, cos, sin):
 
 def _rotate_backward(residuals, g):
   # The rotation is orthogonal: its cotangent is g turned back by the same angles, one
-  # elementwise pass in the layout of q and k. The tables are constants: no cotangent.
+  # pass in the layout of q and k. The tables are constants: no cotangent.
   cos, sin = residuals
   return _turn(g, cos, -sin), None, None
 
@@ -133,8 +142,8 @@ def apply_rotary(x: Array, cos: Array, sin: Array, heads_first: bool = False) ->
   in float32, returned in x's dtype (transformers' order of operations)."""
   axis = 1 if heads_first else 2
   half = x.shape[-1] // 2   # the tables repeat their angles in both halves
-  cos, sin = jnp.expand_dims(cos[..., :half], axis), jnp.expand_dims(sin[..., :half], axis)
-  return _rotate(x, cos, sin)
+  signed = jnp.concatenate([-sin[..., :half], sin[..., half:]], axis=-1)      # [., S, D]
+  return _rotate(x, jnp.expand_dims(cos, axis), jnp.expand_dims(signed, axis))
 
 
 # ----------------------------------------------------------------------------------- layers
@@ -359,8 +368,7 @@ def attention_context(config: BertConfig, attention_mask: Array, position_ids: O
   [B, S] (restarting per packed sequence) or None (0..S-1)."""
   positions = (jnp.arange(seq_len, dtype=jnp.int32)[None] if position_ids is None
                else position_ids)                                              # [B or 1, S]
-  blocked = (kind == "xla" and config.local_attention > 0
-             and local_attention.use_blocks(seq_len, config.window))
+  blocked = config.local_attention > 0 and local_attention.use_blocks(seq_len, config.window, kind)
   global_bias = local_bias = None
   if kind in ("xla", "cudnn"):
     global_bias = modeling.attention_bias(attention_mask, causal=False)        # [B, 1, S|1, S]

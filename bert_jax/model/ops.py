@@ -167,31 +167,46 @@ def _add_bias_bwd(dtypes, g):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def softmax_cross_entropy(logits: Array, labels: Array):
+def softmax_cross_entropy(logits: Array, labels: Array, label_by_mask: bool = False):
   """(nll, label_is_max) for logits [..., V] and integer labels [...], both [...] float32.
 
   nll = logsumexp(logits) - logits[label], i.e. -log_softmax(logits)[label]; label_is_max is 1.0
   where the label's logit is the maximum (argmax accuracy up to exact ties) and carries no
   gradient. The label's logit is gathered: with the gradient written by hand there is no
-  scatter in the backward pass.
+  scatter in the backward pass. `label_by_mask` (the TPU form, `kernels.select`) takes it as a
+  sum over the vocabulary of the logits where the index is the label (the same value: one term,
+  the others exact zeros): a reduction XLA fuses with the logsumexp's over the logits as they
+  come out of the decoder (bfloat16 products plus the float32 bias), where a gather makes it
+  write the float32 [..., V] logits out to read them back (compiled for a v5litepod-8: about
+  2 GB a step of ModernBERT-base at 16 x 320 predictions per chip, by `hlo_profile`'s count;
+  benchmarks/history/2026-11-26-modern-tpu.md).
   """
-  return _softmax_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.int32))
+  return _softmax_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.int32),
+                                label_by_mask)
 
 
-@jax.custom_vjp
-def _softmax_cross_entropy(logits, labels):
-  return _softmax_cross_entropy_fwd(logits, labels)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _softmax_cross_entropy(logits, labels, label_by_mask):
+  return _softmax_cross_entropy_fwd(logits, labels, label_by_mask)[0]
 
 
-def _softmax_cross_entropy_fwd(logits, labels):
+def _label_logit(logits, labels, label_by_mask: bool):
+  if label_by_mask:
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.sum(jnp.where(vocab == labels[..., None], logits, 0.0), axis=-1)   # [...]
+  return jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]          # [...]
+
+
+def _softmax_cross_entropy_fwd(logits, labels, label_by_mask):
   top = jnp.max(logits, axis=-1)                                               # [...]
   logsumexp = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))  # [...]
-  label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]  # [...]
+  label_logit = _label_logit(logits, labels, label_by_mask)                    # [...]
   outputs = (logsumexp - label_logit, (label_logit >= top).astype(jnp.float32))
   return outputs, (logits, logsumexp, labels)
 
 
-def _softmax_cross_entropy_bwd(residuals, cotangents):
+def _softmax_cross_entropy_bwd(label_by_mask, residuals, cotangents):
+  del label_by_mask
   logits, logsumexp, labels = residuals
   g_nll, _ = cotangents                                     # label_is_max is not differentiable
   one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)      # [..., V]

@@ -16,6 +16,10 @@ the blocks outside the band (and takes blocks no wider than it, for there to be 
 The stock kernel has no dropout on the attention probabilities, so `splash` requires
 `attention_probs_dropout_prob=0` in training (`check`): a clear error otherwise.
 
+The forward pass is the library's kernel body in a call of ours that writes its residual (the
+logsumexp per query row) as one float32 per row instead of a 128-lane block (see `_forward`);
+the backward kernels are the library's.
+
 On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `jit` over a mesh
 (`jax.sharding.use_mesh`, which `parallel.strategies` sets while tracing a step) the kernel runs
 per device with `shard_map`: the batch split along `data`, the heads along `model`.
@@ -26,6 +30,8 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 from jax.sharding import PartitionSpec as P
@@ -114,14 +120,132 @@ def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool,
                                     interpret=interpret)
 
 
+# ------------------------------------------------------------ the forward pass, its residual
+# The library's forward kernel writes its residual, the logsumexp of every query row, as
+# [N, S, 128] float32 (the row's value repeated across the 128 lanes), and its backward pass
+# reads lane 0. Compiled for a v5litepod-8 (ModernBERT-base, 16 x 1,024 tokens per chip), that
+# cost about 0.4 GB per layer: the kernel's 100 MB write, a 200 MB layout copy of it and a 100 MB
+# read, for 0.8 MB of values (benchmarks/history/2026-11-26-modern-tpu.md). This forward pass
+# runs the library's kernel body unchanged with that block in vector memory and writes only its
+# first lane, transposed into a row of the [N, 1, S] array the backward kernels read; its
+# running max, sum and output accumulator are scratch, not outputs. The backward passes are the
+# library's.
+
+
+def _forward_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
+                    q_segment_ids_ref, kv_segment_ids_ref, mask_ref, q_sequence_ref,
+                    o_ref, logsumexp_ref, m_scratch, l_scratch, o_scratch, rows_scratch, *,
+                    grid_width: int, **options):
+  kernel_lib.flash_attention_kernel(
+      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_ref,
+      kv_segment_ids_ref, None, mask_ref, q_sequence_ref, m_scratch, l_scratch, o_scratch,
+      o_ref, rows_scratch, grid_width=grid_width, **options)
+
+  @pl.when(pl.program_id(2) == grid_width - 1)
+  def _():
+    logsumexp_ref[...] = rows_scratch[...].T[:1]                 # [bq, 128] -> [1, bq]
+
+
+def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: bool):
+  """The library's `_splash_attention_forward` with save_residuals, for multi-head attention
+  without sinks or a soft cap: q, k, v [N, S, D] -> out [N, S, D], logsumexp [N, S] float32.
+  It calls the library's kernel body and block logic (jax 0.10.2): after a jax upgrade, run
+  tests/test_splash_attention.py (interpret mode) and a `--compile_for` (the TPU lowering)."""
+  heads, seq_len, head_dim = q.shape
+  bq, bkv, bkv_compute = sizes.block_q, sizes.block_kv, sizes.block_kv_compute
+  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
+
+  def next_block(h, i, j, data_next_ref, block_mask_ref, mask_next_ref=None):
+    return kernel_lib._next_nonzero(h, i, j, data_next_ref, block_mask_ref, mask_next_ref)
+
+  rows = lambda h, i, j, *_: (h, i, 0)
+  keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
+  in_specs = [pl.BlockSpec((None, bq, head_dim), rows), pl.BlockSpec((None, bkv, head_dim), keys),
+              pl.BlockSpec((None, bkv, head_dim), keys),
+              pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)),
+              pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, next_block(h, i, j,
+                                                                                  *refs)[0]))]
+  q_ids = jax.lax.broadcast_in_dim(segment_ids.q, (seq_len, lanes), (0,))
+  kv_ids = jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))
+  partial = mask_info.partial_mask_blocks
+  in_specs.append(None if partial is None else pl.BlockSpec(
+      (None, bq, bkv), lambda h, i, j, *refs: (next_block(h, i, j, *refs)[1], 0, 0)))
+  q_sequence = None
+  if mask_info.q_sequence is not None:
+    q_sequence = jax.lax.broadcast_in_dim(mask_info.q_sequence, (seq_len, lanes), (0,))
+    in_specs.append(pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)))
+  else:
+    in_specs.append(None)
+  grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
+                else seq_len // bkv)
+  out, logsumexp = pl.pallas_call(
+      functools.partial(_forward_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
+                        grid_width=grid_width, bq=bq, bkv=bkv, bkv_compute=bkv_compute,
+                        head_dim_v=head_dim, q_layout=sizes.q_layout, k_layout=sizes.k_layout,
+                        v_layout=sizes.v_layout, attn_logits_soft_cap=None,
+                        mask_function=mask_function),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3, in_specs=in_specs,
+          out_specs=[pl.BlockSpec((None, bq, head_dim), rows),
+                     pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))],
+          scratch_shapes=[pltpu.VMEM((bq, lanes), jnp.float32),
+                          pltpu.VMEM((bq, lanes), jnp.float32),
+                          pltpu.VMEM((bq, head_dim), jnp.float32),
+                          pltpu.VMEM((bq, lanes), jnp.float32)],
+          grid=(heads, seq_len // bq, grid_width)),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+      out_shape=[jax.ShapeDtypeStruct((heads, seq_len, head_dim), q.dtype),
+                 jax.ShapeDtypeStruct((heads, 1, seq_len), jnp.float32)],
+      name="splash_mha_fwd_segmented_row_residuals", interpret=interpret,
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v, q_ids, kv_ids,
+    partial, q_sequence)
+  return out, logsumexp[:, 0]                                      # [N, S, D], [N, S]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(sizes, mask_function, interpret, fwd_info, dq_info, dkv_info, q, k, v,
+               segment_ids):
+  return _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret)[0]
+
+
+def _attention_forward(sizes, mask_function, interpret, fwd_info, dq_info, dkv_info, q, k, v,
+                       segment_ids):
+  out, logsumexp = _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret)
+  return out, (q, k, v, segment_ids, None, out, logsumexp, dq_info, dkv_info)
+
+
+def _attention_backward(sizes, mask_function, interpret, residuals, g):
+  # The library's backward kernels (dq, then dk and dv) on the same residuals.
+  _, _, _, dq, dk, dv, _, _ = kernel_lib._splash_attention_bwd(
+      False, kernel_lib.DEFAULT_MASK_VALUE, False, sizes, None, mask_function, None, interpret,
+      residuals, g)
+  return None, None, None, dq, dk, dv, None
+
+
+_attention.defvjp(_attention_forward, _attention_backward)
+
+
 def _attend(q, k, v, segments, causal: bool, window: Optional[int] = None):
   """q, k, v [B, N, S, D] (q already scaled), segments [B, S] -> [B, N, S, D], on one device."""
   _, heads, seq_len, _ = q.shape
   # Interpret mode wherever the program is not for a TPU (compiled *for* a TPU on a CPU host by
   # the compile report, it is the real kernel).
   kernel = _kernel(heads, seq_len, causal, kernels.target_backend() != "tpu", window)
-  ids = kernel_lib.SegmentIds(q=segments, kv=segments)
-  return jax.vmap(kernel)(q, k, v, segment_ids=ids)
+  options = kernel.kwargs
+  # As the library's `_splash_attention`: partial-mask blocks [..., bq, bkv] with their leading
+  # axes collapsed.
+  collapse = lambda info: (info if info is None or info.partial_mask_blocks is None else
+                           info._replace(partial_mask_blocks=info.partial_mask_blocks.reshape(
+                               -1, *info.partial_mask_blocks.shape[-2:])))
+  infos = [collapse(info) for info in (kernel.fwd_mask_info, kernel.dq_mask_info,
+                                       kernel.dkv_mask_info)]
+
+  def one(q, k, v, segments):                                     # [N, S, D], [S]
+    return _attention(options["block_sizes"], options["mask_function"], options["interpret"],
+                      *infos, q, k, v, kernel_lib.SegmentIds(q=segments, kv=segments))
+
+  return jax.vmap(one)(q, k, v, segments)
 
 
 def _mesh_axes(mesh, names):

@@ -191,6 +191,16 @@ def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAU
   return jax.tree_util.tree_map_with_path(place, abstract_state)
 
 
+def init_shardings(abstract_state, mesh: Mesh, param_axes=None, rules: Rules = DEFAULT_RULES,
+                   fully_sharded: bool = False):
+  """Where a fresh train state of this shape lives: with `param_axes` (from `logical_axes`)
+  parameters and their optimizer moments sharded by `rules` (`state_shardings`), without them
+  every leaf replicated."""
+  if param_axes is None:
+    return jax.tree_util.tree_map(lambda _: replicated(mesh), abstract_state)
+  return state_shardings(abstract_state, param_axes, mesh, rules, fully_sharded)
+
+
 def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
                          rules: Rules = DEFAULT_RULES,
                          fully_sharded: bool = False) -> Tuple[object, object]:
@@ -200,13 +210,20 @@ def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
   `rules`, each device initialising only its own shards; without, the whole state is replicated.
   """
   abstract = jax.eval_shape(init_fn)
-  if param_axes is None:
-    shardings = jax.tree_util.tree_map(lambda _: replicated(mesh), abstract)
-  else:
-    shardings = state_shardings(abstract, param_axes, mesh, rules, fully_sharded)
+  shardings = init_shardings(abstract, mesh, param_axes, rules, fully_sharded)
+  if param_axes is not None:
     _log_layout(abstract, shardings, mesh)
   state = jax.jit(init_fn, out_shardings=shardings)()
   return state, shardings
+
+
+def abstract(tree, shardings):
+  """`tree`'s leaves (arrays or shapes) as `jax.ShapeDtypeStruct`s with `shardings` (a matching
+  tree, or one sharding for every leaf): arguments to lower a step with, nothing placed."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def _log_layout(abstract_state, shardings, mesh: Mesh) -> None:

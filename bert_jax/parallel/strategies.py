@@ -56,16 +56,34 @@ class JitParallel:
     """`param_axes`: the parameters' logical axis names (`sharding.logical_axes`); with them the
     parameters and optimizer moments are sharded by the rules (and along `data` with
     config.fsdp), without them replicated."""
-    if self.fsdp and param_axes is None:
-      raise ValueError("config.fsdp=True needs the parameters' logical axes (param_axes)")
+    self._check_axes(param_axes)
     state, self.state_sharding = sharding.create_sharded_state(init_fn, self.mesh, param_axes,
                                                                self.rules, self.fsdp)
     return state
 
-  def state_shardings(self, abstract_state, param_axes):
-    """Where each leaf of a train state of this shape lives (what `init_state` would place)."""
-    return sharding.state_shardings(abstract_state, param_axes, self.mesh, self.rules,
-                                    self.fsdp)
+  def abstract_init_state(self, init_fn: Callable, param_axes=None):
+    """What `init_state` would place, as shapes only: `jax.ShapeDtypeStruct`s with the
+    shardings `init_state` gives (kept, as `init_state` keeps them, for `compile_step` and
+    `compile_eval`). Nothing is computed or placed: a compile for devices that are not here
+    (`--compile_for`, `runtime.job.abstract_state_and_step`)."""
+    self._check_axes(param_axes)
+    abstract = jax.eval_shape(init_fn)
+    self.state_sharding = sharding.init_shardings(abstract, self.mesh, param_axes, self.rules,
+                                                  self.fsdp)
+    return sharding.abstract(abstract, self.state_sharding)
+
+  def abstract_batch(self, batch):
+    """A global batch (every host's rows) as the shapes `put_batch` gives the step: sharded
+    along `data`."""
+    return sharding.abstract(batch, sharding.batch_sharding(self.mesh))
+
+  def abstract_replicated(self, tree):
+    """`tree` as shapes replicated on every device (the step's random key)."""
+    return sharding.abstract(tree, sharding.replicated(self.mesh))
+
+  def _check_axes(self, param_axes) -> None:
+    if self.fsdp and param_axes is None:
+      raise ValueError("config.fsdp=True needs the parameters' logical axes (param_axes)")
 
   def place_state(self, host_state):
     return jax.device_put(host_state, self.state_sharding)

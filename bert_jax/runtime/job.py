@@ -3,20 +3,22 @@ used unchanged by whoever runs it: `run` on real devices, `--compile_for` on a T
 abstract devices (`tasks.tools.compile_report`), and the benchmarks. So the step that is compiled,
 profiled and timed is the step that trains.
 
-    job = pretraining.make_job(config)
-    outcome = run(job, workdir, parallel.create(config))       # trains, resumes, evaluates
-    abstract = jax.eval_shape(job.init_state)                   # or: shapes only, for a report
-    step = par.compile_step(job.train_step)                     #     the very step that trains
+    job = registry.job(config, workdir)                         # (bert_jax/tasks/registry.py)
+    outcome = run(job, workdir, parallel.create(config))        # trains, resumes, evaluates
+    state, step = state_and_step(job, par)                      # or: what a benchmark times
+    state, step = abstract_state_and_step(job, par)             # or: shapes only, to lower
 
-`run` is the one sequence every job follows: initial state on the mesh -> compile the step ->
-`Trainer` -> restore (or a fresh run's `warm_start`) -> evaluate the start if asked -> train ->
-close. What differs between jobs is data, not code: the fields below.
+`run` is the one sequence every job follows: initial state on the mesh -> compile the step
+(`state_and_step`) -> `Trainer` with the job's actions -> restore (or a fresh run's
+`warm_start`) -> evaluate the start if asked -> train -> close. What differs between jobs is
+data, not code: the fields below.
 """
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from bert_jax.runtime.actions import Action
 from bert_jax.runtime.loop import LoopSettings, Metrics, Throughput, Trainer
 
 Batch = Dict[str, np.ndarray]
@@ -59,6 +61,10 @@ class Job:
   warm_start: Optional[Callable[[Any, Any], Any]] = None
   throughput: Throughput = Throughput()
   console_keys: Tuple[str, ...] = ("loss", "learning_rate")
+  # Hooks on the loop (`runtime.actions.Action`) besides the ones every run has (clock,
+  # throughput, non-finite abort, profiler, watchdog); called after those at each point. A job
+  # runs once: an action that keeps state across calls starts it afresh in `start`.
+  actions: Tuple[Action, ...] = ()
 
 
 @dataclasses.dataclass
@@ -72,14 +78,30 @@ class Outcome:
   trainer: Trainer
 
 
+def state_and_step(job: Job, par) -> Tuple[Any, Callable]:
+  """The job's fresh state placed on `par`'s mesh (sharded by `param_axes`) and its train step
+  compiled by `par` for that state's shardings: what `run` trains with, and what the benchmarks
+  time."""
+  state = par.init_state(job.init_state, job.param_axes)
+  return state, par.compile_step(job.train_step)
+
+
+def abstract_state_and_step(job: Job, par) -> Tuple[Any, Callable]:
+  """`state_and_step` as shapes only (a `parallel.JitParallel`, whose devices may be a TPU
+  slice's compile-only ones): the state's `jax.ShapeDtypeStruct`s with its shardings, and the
+  same compiled step, to lower (`--compile_for`). Nothing is computed or placed."""
+  state = par.abstract_init_state(job.init_state, job.param_axes)
+  return state, par.compile_step(job.train_step)
+
+
 def run(job: Job, workdir: str, par) -> Outcome:
   """Trains `job` in `workdir` on the mesh of `par` (`parallel.create(config)`), resuming from
   its newest checkpoint."""
-  state = par.init_state(job.init_state, job.param_axes)
-  step_fn = par.compile_step(job.train_step)
+  state, step_fn = state_and_step(job, par)
   batches = job.batches()
   trainer = Trainer(job.name, workdir, par, job.settings, iterator=batches.iterator,
-                    console_keys=job.console_keys, throughput=job.throughput)
+                    console_keys=job.console_keys, throughput=job.throughput,
+                    actions=job.actions)
   try:
     state = trainer.restore(state, model=job.model)
     if not trainer.resumed and job.warm_start is not None:

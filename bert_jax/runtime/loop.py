@@ -5,7 +5,8 @@
     state, last = trainer.run(state, step_fn, next_batch, dropout_rng,
                               evaluate=..., eval_at=...)
 
-(`runtime.job.run` does this for a job.) What it does, the same for every job:
+(`runtime.job.run` does this for a job, with the job's actions.) What it does, the same for
+every job:
 * restore: the newest readable checkpoint of `WORKDIR/checkpoints` with the input position
   (`iterator`, a tf.data iterator, if the job has one; a job whose batch is a pure function of the
   step has none) and the training clock; a damaged one is set aside, one of another model or
@@ -26,8 +27,8 @@ Cross-cutting work hangs on the loop as actions (`runtime.actions`): the trainin
 (`train_seconds`, paused during evaluations and checkpoints, saved with them), the throughput
 window, the abort after `max_consecutive_skips` non-finite steps in a row (they are skipped on
 the device, `runtime.step`), the profiler (`config.profile_steps`), the step watchdog
-(`config.step_timeout_seconds`), and any the caller adds
-(`Trainer(..., actions=[...])`).
+(`config.step_timeout_seconds`), and the job's own (`Job.actions`, which `runtime.job.run`
+passes as `Trainer(..., actions=...)`), called after those at each point.
 """
 import dataclasses
 import functools

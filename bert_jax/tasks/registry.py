@@ -1,17 +1,21 @@
-"""Every `config.task` value and what it runs: the one table main, prediction, serving,
-`fine_tuned` and the compile report read.
+"""Every `config.task` value, what it runs and the job it trains: the one table main,
+prediction, serving, `fine_tuned`, the compile report and the benchmarks read.
 
 A fine-tuning task is found by its file: `config.task=NAME` is the `TASK` class (a
 `framework.task.Task`) of `bert_jax/tasks/datasets/NAME.py`. Adding a task is that file plus its
 experiment file (`experiments/NAME.py`); nothing else lists it. The jobs that are not one
-fine-tuning task are in `JOBS`.
+fine-tuning task are in `JOBS` (what runs) and `JOB_BUILDERS` (the job, `runtime.job.Job`).
+
+    results = registry.runner(config.task)(config, workdir)   # what `bert_jax.main` runs
+    job = registry.job(config)            # its job, nothing prepared: what --compile_for compiles
+    job = registry.job(config, workdir)   # the workdir prepared: the job that trains
 
 Modules are imported only when chosen, so a pre-training run never imports the fine-tuning tasks
 (and the other way round).
 """
 import importlib
 import pkgutil
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import ml_collections
 
@@ -54,6 +58,86 @@ def task_class(name: str):
 def make_task(config: ml_collections.ConfigDict):
   """The fine-tuning task `config.task`, made from the experiment config."""
   return task_class(config.task)(config)
+
+
+def _pretraining_job(config, workdir: Optional[str], layers: Optional[int]):
+  """The pre-training job: the init checkpoint's architecture when the config adopts it, the
+  workdir's data prepared (`pretraining.prepare`) when there is a workdir."""
+  from bert_jax.runtime import config_names
+  from bert_jax.tasks.jobs import pretraining
+  pretraining.check_config(config)
+  config = config_names.replaced(config, pretraining.adopt_checkpoint(config))
+  if workdir is not None:
+    config = pretraining.prepare(config, workdir)
+  if layers is not None:
+    config = config_names.replaced(config, {"model.num_hidden_layers": layers,
+                                            "model.scan_layers": False})
+  return pretraining.make_job(config)
+
+
+def _feature_based_job(config, workdir: Optional[str], layers: Optional[int]):
+  """The feature-based tagger's job, of the first layer choice (`feature_based.job`)."""
+  del layers   # the frozen encoder is not in the tagger's step (its features are inputs)
+  from bert_jax.tasks.jobs import feature_based
+  return feature_based.job(config, workdir)
+
+
+def _several_jobs(why: str):
+  def refuse(config, workdir, layers):
+    del workdir, layers
+    raise ValueError(f"config.task={config.task!r} has no single job (no one step to build, "
+                     f"compile or time): it {why}")
+  return refuse
+
+
+# config.task -> function(config, workdir, layers) -> Job, for every value of `JOBS` (a fine-tuning
+# task's job: `framework.finetuning.job`); the ones that run several jobs one after another say so.
+JOB_BUILDERS = {
+    "pretraining": _pretraining_job,
+    "ner_feature_based": _feature_based_job,
+    "glue_all": _several_jobs(
+        "fine-tunes each task of config.glue_tasks in turn, each its own job; for one of them "
+        "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)"),
+    "ablations": _several_jobs(
+        "pre-trains, fine-tunes and probes each variant of config.variants in turn; for one "
+        "step use its pre-training experiment (config.pretraining) or one GLUE task "
+        "(experiments/glue.py)"),
+}
+
+
+def job_builder(name: str) -> Callable:
+  """function(config, workdir, layers) -> Job of `config.task=name`; a ValueError naming why
+  when the value has no single job (or is no value)."""
+  if name in JOB_BUILDERS:
+    return JOB_BUILDERS[name]
+  try:
+    task = task_class(name)
+  except ValueError:
+    raise ValueError(f"config.task={name!r}: expected one of {list(names())}") from None
+
+  def build(config, workdir, layers):
+    from bert_jax.tasks.framework import finetuning
+    return finetuning.job(task(config), config, workdir, layers=layers)
+  return build
+
+
+def job(config: ml_collections.ConfigDict, workdir: Optional[str] = None, *,
+        layers: Optional[int] = None):
+  """The job (`runtime.job.Job`: model, state, the pure step, example batches, FLOPs, loop
+  settings, actions) that `config.task` trains.
+
+  With `workdir` it is prepared first (pre-training: the demo corpus or text files built into
+  WORKDIR/data; fine-tuning: the workdir made, every split read; the feature-based tagger: the
+  frozen encoder's features extracted or read from their cache): the job a run trains. Without,
+  nothing is prepared or written: the same step on the checkpoint's architecture and enough
+  examples for the shapes (what `--compile_for` compiles and the benchmarks time). `layers`:
+  the encoder unrolled at that many layers (the cost of a scanned step, `compile_report`).
+  `glue_all` and `ablations` run several jobs one after another: a ValueError says which to use.
+  """
+  if workdir is not None:
+    from bert_jax.io import filesystem
+    workdir = filesystem.absolute(workdir)
+  return job_builder(config.task)(config, workdir, layers)
 
 
 def runner(name: str) -> Callable[[ml_collections.ConfigDict, str], Dict]:

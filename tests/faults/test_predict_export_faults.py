@@ -29,6 +29,24 @@ def _cli(module, *flags):
   return [sys.executable, "-m", module, *flags]
 
 
+# Runs a CLI module that stops itself (SIGSTOP) just before it moves `OUTPUT.partial` into place:
+# an export that writes its few files faster than a test can look still gets caught with its files
+# written and unfinished (seen from outside, a look every millisecond can miss such an export).
+_STOPPED_BEFORE_THE_MOVE = """
+import os, runpy, signal, sys
+def stop_before_the_move(event, args):
+  if event == "os.rename" and os.fspath(args[0]).rstrip("/").endswith(".partial"):
+    os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(stop_before_the_move)
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def _cli_stopped_before_the_move(module, *flags):
+  return [sys.executable, "-c", _STOPPED_BEFORE_THE_MOVE, module, *flags]
+
+
 def test_predict_without_a_model_names_the_path(tmp_path):
   source = tmp_path / "in.txt"
   source.write_text("the cat sat\n", encoding="utf-8")
@@ -193,8 +211,15 @@ def test_export_of_a_pretraining_workdir_whose_newest_checkpoint_is_damaged(kind
 
 def _files_under(directory):
   """{path relative to `directory`: size} of every file under it ({} if it does not exist)."""
-  return {os.path.relpath(os.path.join(d, f), directory): os.path.getsize(os.path.join(d, f))
-          for d, _, names in os.walk(directory) for f in names}
+  sizes = {}
+  for d, _, names in os.walk(directory):
+    for name in names:
+      try:
+        sizes[os.path.relpath(os.path.join(d, name), directory)] = os.path.getsize(
+            os.path.join(d, name))
+      except FileNotFoundError:   # renamed between the listing and the look (a writer's .tmp)
+        pass
+  return sizes
 
 
 def _export_outputs(directory):
@@ -213,7 +238,8 @@ def test_export_killed_after_its_first_file_is_not_taken_for_finished_and_the_re
     fmt, fine_tuned_runs, tmp_path):
   """`python -m bert_jax.export` killed (-9) once a first file of the export exists and before
   the export has finished (its `signature.json`, written last, absent). Seen from outside, the
-  export is stopped (SIGSTOP) as soon as a file appears under `OUTPUT.partial` (or `OUTPUT`), and
+  export is stopped (SIGSTOP) as soon as a file appears under `OUTPUT.partial` (or `OUTPUT`); an
+  export too fast for that stops itself just before it moves `OUTPUT.partial` into place. It is
   looked at again: it must hold a file and no `OUTPUT/signature.json`; then it is killed. After
   the kill nothing stands at OUTPUT that looks finished: OUTPUT absent with the files in
   `OUTPUT.partial`, or (killed after the move, before `signature.json`) OUTPUT without
@@ -221,8 +247,8 @@ def test_export_killed_after_its_first_file_is_not_taken_for_finished_and_the_re
   same files as an uninterrupted export of the same model (the same bytes for `huggingface`; for
   the SavedModel the same outputs, bit for bit, and `signature.json` byte for byte)."""
   model = fine_tuned_runs["mrpc"]
-  command = lambda output: _cli("bert_jax.export", f"--model={model}", f"--format={fmt}",
-                                f"--output={output}")
+  flags = lambda output: (f"--model={model}", f"--format={fmt}", f"--output={output}")
+  command = lambda output: _cli("bert_jax.export", *flags(output))
   uninterrupted = str(tmp_path / "uninterrupted")
   run = subprocess.run(command(uninterrupted), cwd=demo_runs.ROOT, env=demo_runs.env(),
                        capture_output=True, text=True, timeout=300)
@@ -234,7 +260,8 @@ def test_export_killed_after_its_first_file_is_not_taken_for_finished_and_the_re
   partial, signature = output + ".partial", os.path.join(output, serving.SIGNATURE_FILE)
   log = str(tmp_path / "killed.log")
   with open(log, "w") as out:
-    process = subprocess.Popen(command(output), cwd=demo_runs.ROOT, env=demo_runs.env(),
+    process = subprocess.Popen(_cli_stopped_before_the_move("bert_jax.export", *flags(output)),
+                               cwd=demo_runs.ROOT, env=demo_runs.env(),
                                stdout=out, stderr=subprocess.STDOUT)
   caught, deadline = None, time.time() + 300
   try:

@@ -230,6 +230,10 @@ checkpointer.restore_latest(abstract)
     emulator.send_signal(signal.SIGCONT)
     assert paused.returncode != 0
     assert "CheckpointReadError: Could not read the checkpoint at step 2" in paused.stderr
-    assert "retry attempts failed" in paused.stderr and "Nothing was moved" in paused.stderr
+    # Whichever layer gave up first: TensorStore ("... retry attempts failed") or TensorFlow's
+    # listing of the step, which reports a store that did not answer as a missing directory.
+    assert ("retry attempts failed" in paused.stderr
+            or "Could not find directory" in paused.stderr), paused.stderr[-3000:]
+    assert "Nothing was moved" in paused.stderr
     assert _objects(url, "restore/") == before
     assert _restored_step(workdir, **env) == "2"

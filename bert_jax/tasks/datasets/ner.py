@@ -12,8 +12,9 @@ have the same number of columns (a wrong one is an error naming the file and lin
 
 Tags are trained in IOB2 (an IOB1 file is converted: I-X that starts an entity becomes B-X, which
 keeps every entity). Entity-level precision / recall / F1 follow conlleval's chunk rules, which
-seqeval's default mode reproduces: they are computed here (no runtime dependency; the tests check
-equality with seqeval on generated sequences) so that IOB1 and IOB2 gold files score the same.
+seqeval's default mode reproduces: entities are found by `output_kinds.get_entities` (which
+also gives predict's entities) and scored here (no runtime dependency; the tests check equality
+with seqeval on generated sequences) so that IOB1 and IOB2 gold files score the same.
 
 Shape letters: N rows, S max_seq_length, K labels.
 """
@@ -24,7 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import finetuning, output_kinds
+from bert_jax.tasks.framework.output_kinds import get_entities
 from bert_jax.tasks.framework.task import BadInput, Task, text_field
 from bert_jax.model import heads
 from bert_jax.model.heads import IGNORE_LABEL
@@ -133,38 +135,6 @@ def read_conll(path: str, scheme: str = "iob2", labels: Optional[Sequence[str]] 
 
 
 # ------------------------------------------------------------------------------------ metric
-
-
-def _split_tag(tag: str) -> Tuple[str, str]:
-  if tag == "O":
-    return "O", "_"
-  prefix, _, kind = tag.partition("-")
-  return prefix, kind or "_"
-
-
-def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (prev_tag in ("E", "S") or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
-          or (prev_tag not in ("O", ".") and prev_type != type_))
-
-
-def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (tag in ("B", "S") or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
-          or (tag not in ("O", ".") and prev_type != type_))
-
-
-def get_entities(tags: Sequence[str]) -> List[Tuple[str, int, int]]:
-  """(type, first, last) of every entity of one sentence, by conlleval's chunk rules
-  (IOB1, IOB2 and IOBES all work; an I- after O or after another type starts an entity)."""
-  chunks = []
-  prev_tag, prev_type, begin = "O", "", 0
-  for i, tag in enumerate(list(tags) + ["O"]):
-    t, kind = _split_tag(tag)
-    if _end_of_chunk(prev_tag, t, prev_type, kind):
-      chunks.append((prev_type, begin, i - 1))
-    if _start_of_chunk(prev_tag, t, prev_type, kind):
-      begin = i
-    prev_tag, prev_type = t, kind
-  return chunks
 
 
 def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
@@ -356,7 +326,7 @@ class NerTask(Task):
   eval_splits = ("dev",)
   token_features = ("label_ids",)
   token_outputs = ("logits",)
-  output_kind = "tagging"
+  output_kind = output_kinds.TAGGING
   input_format = ("[CLS] words [SEP], each word tokenized on its own (its first piece carries "
                   "its label)")
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks.framework import best_model, finetuning
+from bert_jax.tasks.framework import best_model, finetuning, output_kinds
 from bert_jax.tasks.framework.task import Task, columns, text_field
 from bert_jax.model import heads
 from bert_jax.tasks.datasets import squad_metrics
@@ -668,7 +668,7 @@ class SquadTask(Task):
   best_metric = "f1"
   eval_splits = ("dev",)
   token_outputs = ("start_logits", "end_logits")
-  output_kind = "span"
+  output_kind = output_kinds.SPAN
   input_format = ("[CLS] question [SEP] context window [SEP] (long contexts in windows of "
                   "max_seq_length, doc_stride apart)")
 
@@ -707,6 +707,12 @@ class SquadTask(Task):
     else:
       question, context = text_field(record, "question"), text_field(record, "context")
     return SquadExample(str(record.get("id", guid)), question, context, [])
+
+  def read_input_file(self, path, fmt):
+    """squad_json: the official JSON file, every question an example (with its id)."""
+    del fmt
+    for example in read_squad_json(path, is_training=False):
+      yield example.qas_id, example
 
   def null_threshold(self, directory):
     """v2.0: the threshold tuned on dev and stored in best/, else the config's."""

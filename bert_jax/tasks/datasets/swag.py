@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import finetuning, output_kinds
 from bert_jax.tasks.framework.task import BadInput, Task, columns, text_field
 from bert_jax.text import pairs
 from bert_jax.model import heads
@@ -102,7 +102,7 @@ class SwagTask(Task):
   best_metric = "accuracy"
   eval_splits = ("dev",)
   test_splits = ("test",)
-  output_kind = "multiple_choice"
+  output_kind = output_kinds.MULTIPLE_CHOICE
   labels = tuple(str(i) for i in range(NUM_CHOICES))
   input_format = "each choice c: [CLS] context [SEP] ending_c [SEP]"
 

@@ -577,6 +577,25 @@ def make_job(task: Task, config: ml_collections.ConfigDict,
       console_keys=("loss", "learning_rate"))
 
 
+def job(task: Task, config: ml_collections.ConfigDict, workdir: Optional[str] = None, *,
+        layers: Optional[int] = None) -> Job:
+  """`task`'s fine-tuning job (`tasks.registry.job`). With `workdir` (made if needed) the job a
+  run trains, every input read; without, the same step from the checkpoint's architecture and
+  the first 4 training examples (the feature shapes), no evaluation split read: what
+  `--compile_for` compiles. `layers`: the encoder unrolled at that many layers (the cost of a
+  scanned step)."""
+  check_config(config)
+  if workdir is None:
+    inputs = read_inputs(task, config, max_train_examples=4, evaluation=False)
+  else:
+    filesystem.makedirs(workdir)
+    inputs = read_inputs(task, config)
+  if layers is not None:
+    inputs = dataclasses.replace(inputs, bert_config=inputs.bert_config.replace(
+        num_hidden_layers=layers, scan_layers=False))
+  return make_job(task, config, inputs)
+
+
 def _final_results(task: Task, config, inputs: Inputs, predictor: "Predictor", par, state,
                    workdir: str, step: int, num_train_steps: int,
                    train_seconds: float) -> Dict[str, Any]:

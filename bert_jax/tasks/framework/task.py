@@ -3,11 +3,13 @@ r"""The task protocol: everything task-specific about fine-tuning, one class per
 A task is a subclass of `Task`, made from the experiment config (`GlueTask(config)`), in its own
 file `bert_jax/tasks/datasets/<config.task>.py` exposed as `TASK` (that file is all the registry,
 `tasks.registry`, needs to find it). The fine-tuning loop, prediction, serving and the compile
-report know nothing else about it.
+report know nothing else about it. A sentence or sentence-pair classification (or regression)
+task from TSV/CSV files is a `classification.ClassificationSpec` on `ClassificationTask`
+(`bert_jax/tasks/framework/classification.py`; GLUE's nine tasks are such specs).
 
     class MrpcTask(Task):
       best_metric = "f1"                  # key of metrics() that selects the checkpoint
-      output_kind = "classification"      # one of OUTPUT_KINDS: what the head's outputs mean
+      output_kind = output_kinds.CLASSIFICATION   # what the head's outputs mean to a user
       labels = ("0", "1")                 # the label names that index the logits
       name = "mrpc"                       # results.json's "task"
       def read_examples(self, split): ...                       # split -> [examples]
@@ -38,9 +40,14 @@ report know nothing else about it.
   example lives there. `metrics(examples, predictions)` -> {name: float}.
 * `write_predictions(workdir, split, examples, predictions)` writes the task's files for any
   eval or test split and returns their paths.
+* `output_kind`: an `output_kinds.OutputKind` (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE,
+  TAGGING, SPAN or a new one): predict's output records, the SavedModel's outputs and the
+  transformers class of the exports come from it (`bert_jax/tasks/framework/output_kinds.py`).
 * `parse_input(record, guid)`: one line of raw input for `python -m bert_jax.predict`, as
   {"columns": [tab-separated texts]} or a JSON object, -> an example `make_features` takes;
   `BadInput` says what is wrong with the line (`text_field` and `columns` check the usual cases).
+  `read_input_file(path, fmt)`: the examples of a whole file in one of the kind's
+  `file_formats` (SQuAD's JSON file), as (id, example).
 * Length buckets (`config.length_bucket` = N > 0): each batch's token axis is cut to the
   smallest multiple of N that holds its longest row, and evaluation runs rows shortest first.
   The model inputs are cut; so are the feature arrays named in `token_features` (token axis last,
@@ -53,11 +60,14 @@ report know nothing else about it.
 """
 import abc
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-OUTPUT_KINDS = ("classification", "regression", "multiple_choice", "tagging", "span")
+from bert_jax.tasks.framework import output_kinds
+
+# The names of the built-in output kinds of tasks (the objects: `output_kinds.TASK_KINDS`).
+OUTPUT_KINDS = tuple(kind.name for kind in output_kinds.TASK_KINDS)
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 
@@ -100,9 +110,10 @@ class Task(abc.ABC):
   row_weight: Optional[Callable[[Dict], Any]] = None
   token_features: Tuple[str, ...] = ()
   token_outputs: Tuple[str, ...] = ()
-  # What the head's outputs mean to a user (`bert_jax.predict`, `bert_jax.export`): one of
-  # OUTPUT_KINDS, the label names that index the logits, and how text becomes the inputs.
-  output_kind: str = ""
+  # What the head's outputs mean to a user (`bert_jax.predict`, `bert_jax.export`): an
+  # `output_kinds.OutputKind` (a built-in one may be given by name), the label names that index
+  # the logits, and how text becomes the inputs.
+  output_kind: Optional[output_kinds.OutputKind] = None
   labels: Tuple[str, ...] = ()
   input_format: str = ""
 
@@ -151,6 +162,12 @@ class Task(abc.ABC):
     """A raw input record ({"columns": [...]} or a JSON object) -> an example."""
     del record, guid
     raise NotImplementedError(f"Task {self.name} does not read raw input")
+
+  def read_input_file(self, path: str, fmt: str) -> Iterable[Tuple[str, Any]]:
+    """(id, example) of every example of a whole input file in `fmt`, one of the
+    `file_formats` of the task's output kind (`squad_json`)."""
+    del path
+    raise NotImplementedError(f"Task {self.name} does not read {fmt} files")
 
   def null_threshold(self, directory: str) -> Optional[float]:
     """Span tasks that may answer "no answer": the threshold on the null odds a fine-tuned

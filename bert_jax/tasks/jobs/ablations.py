@@ -186,8 +186,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
   if config.pretraining.data.prepare_demo_corpus:
-    from data_pipelines import demo_corpus
-    data = demo_corpus.prepare(config.pretraining, workdir)  # WORKDIR/data, once, for all
+    from bert_jax.tasks.jobs import pretraining_data
+    data = pretraining_data.data_changes(config.pretraining, workdir)  # WORKDIR/data, once
     config = config_names.replaced(config, dict(
         {f"pretraining.{k}": v for k, v in data.items()},
         **{"pretraining.data.prepare_demo_corpus": False}))

@@ -10,6 +10,9 @@
    cached word vectors with the fine-tuning loop's own pure `train_step` / `predict_step` and
    AdamW, then scored with entity F1 on dev.
 3. `run` prints the Table-7-style table and writes `WORKDIR/results.json`.
+`job` is one choice's tagger as the job of `config.task=ner_feature_based` (`tasks.registry.job`):
+on the cached features with a workdir, on zero features of the same shapes without (what
+`--compile_for` compiles; the encoder is not run).
 
 The BiLSTM runs over words (each word's first-piece vector), the unit the labels and the metric
 use; the other pieces carry no label in the fine-tuning approach either.
@@ -21,7 +24,7 @@ import functools
 import hashlib
 import json
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -247,6 +250,8 @@ def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
           finetuning.train_step, model=model, tx=tx, task_loss=heads.token_tagging_loss,
           row_weight=heads.token_tagging_weight, schedule=schedule),
       eval_step=predict_fn, example_batch=lambda rows: sample,
+      example_eval_batch=lambda rows: make_batch(train, layers,
+                                                 np.arange(min(rows, num_sentences)), rows),
       settings=LoopSettings.from_config(config, num_steps, keep_checkpoints=1,
                                         async_checkpointing=False,
                                         checkpoint_at_evaluations=True),
@@ -254,13 +259,10 @@ def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
       eval_at=lambda step: step % steps_per_epoch == 0, console_keys=("loss", "f1"))
 
 
-def train_choice(choice: str, config, train: WordFeatures, dev: WordFeatures,
-                 dev_sentences: Sequence[ner.Sentence], labels: Sequence[str],
-                 num_layers: int, workdir: str) -> Dict[str, float]:
+def train_choice(choice: str, config, inputs: "Inputs", workdir: str) -> Dict[str, float]:
   """Trains a fresh BiLSTM tagger on one layer choice (checkpoints in `workdir`, so an
   interrupted table resumes); returns dev metrics of the best epoch."""
-  job = make_job(choice, config, train, dev, dev_sentences, labels, num_layers)
-  if jobs.run(job, workdir, parallel.create(config)).preempted:
+  if jobs.run(_job_of(choice, config, inputs), workdir, parallel.create(config)).preempted:
     return {"preempted": True}
   epochs = read_metrics(workdir, "eval")
   if not epochs:
@@ -286,6 +288,89 @@ def evaluate(predict_fn, params, features: WordFeatures, sentences: Sequence[ner
 # ------------------------------------------------------------------------------------ the run
 
 
+@dataclasses.dataclass
+class Inputs:
+  """What the taggers train on: every split's word features and sentences, the labels, and the
+  encoder's layer count."""
+  features: Dict[str, WordFeatures]
+  sentences: Dict[str, List[ner.Sentence]]
+  labels: List[str]
+  num_layers: int
+
+
+def _sentences(config, split: str) -> List[ner.Sentence]:
+  limit = {"train": config.data.max_train_examples, "dev": config.data.max_eval_examples}[split]
+  sentences = ner.read_split(config, split)
+  return sentences[:limit] if limit else sentences
+
+
+def read_inputs(config, workdir: str) -> Inputs:
+  """The features of train and dev: extracted by the frozen encoder once, then read from the
+  cache (`config.cache_dir`, default WORKDIR/features)."""
+  loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
+  bert_config = finetuning.bert_config_for(config, loaded_config)
+  tokenizer = finetuning.create_tokenizer(config, bert_config)
+  encoder = checkpoints.to_model_layout(pretrained, bert_config)["bert"]
+  labels = ner.labels_for(config)
+  cache_dir = config.cache_dir or filesystem.join(workdir, "features")
+  limits = {"train": config.data.max_train_examples, "dev": config.data.max_eval_examples}
+  splits, data = {}, {}
+  start = time.time()
+  for split in ("train", "dev"):
+    sentences = _sentences(config, split)
+    path = ner.split_path(config, split)
+    key = {"split": split, "checkpoint": filesystem.absolute(config.init_checkpoint),
+           "data": path, "size": filesystem.getsize(path), "mtime": filesystem.mtime(path),
+           "limit": limits[split], "max_seq_length": config.max_seq_length,
+           "document_context": config.document_context, "labels": labels,
+           "do_lower_case": config.tokenizer.do_lower_case}
+    data[split] = sentences
+    splits[split] = cached_extract(
+        cache_dir, key, bert_config=bert_config, encoder_params=encoder, tokenizer=tokenizer,
+        sentences=sentences, labels=labels, max_seq_length=config.max_seq_length,
+        document_context=config.document_context, batch_size=config.eval_batch_size)
+  print(f"[feature-based] features of {len(data['train'])} train / {len(data['dev'])} dev "
+        f"sentences in {time.time() - start:.1f}s (cache: {cache_dir})", flush=True)
+  return Inputs(splits, data, labels, bert_config.num_hidden_layers)
+
+
+def shape_inputs(config) -> Inputs:
+  """Inputs of the right shapes without running the encoder: zero vectors (one broadcast row,
+  no memory) for every word of the training sentences, no dev split. What `--compile_for`
+  compiles the tagger's step on."""
+  bert_config = finetuning.bert_config_for(
+      config, checkpoints.load_pretrained_config(config.init_checkpoint))
+  sentences = _sentences(config, "train")
+  lengths = [len(s.words) for s in sentences]
+  offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+  width = (bert_config.num_hidden_layers + 1, bert_config.hidden_size)
+  train = WordFeatures(np.broadcast_to(np.zeros((1,) + width, np.float16), (offsets[-1],) + width),
+                       offsets, np.zeros(offsets[-1], np.int32))
+  dev = WordFeatures(np.zeros((0,) + width, np.float16), np.zeros(1, np.int64),
+                     np.zeros(0, np.int32))
+  return Inputs({"train": train, "dev": dev}, {"train": sentences, "dev": []},
+                ner.labels_for(config), bert_config.num_hidden_layers)
+
+
+def _job_of(choice: str, config, inputs: Inputs) -> Job:
+  return make_job(choice, config, inputs.features["train"], inputs.features["dev"],
+                  inputs.sentences["dev"], inputs.labels, inputs.num_layers)
+
+
+def job(config, workdir: Optional[str] = None, choice: Optional[str] = None) -> Job:
+  """The tagger's job of one layer choice (default: the first of `config.layer_choices`;
+  `tasks.registry.job`). With `workdir`: on the features `run` trains on (`read_inputs`);
+  without: on `shape_inputs` (the encoder is not run), the same step, what `--compile_for`
+  compiles."""
+  if choice is None:
+    if not config.layer_choices:
+      raise ValueError("config.layer_choices is empty: no tagger to build")
+    choice = config.layer_choices[0]
+  inputs = (shape_inputs(config) if workdir is None
+            else read_inputs(config, filesystem.absolute(workdir)))
+  return _job_of(choice, config, inputs)
+
+
 def results_table(results: Dict[str, Dict[str, float]]) -> str:
   """Markdown table: layer choice, our dev F1, the paper's (BERT-base) dev F1."""
   lines = ["| layers | dev F1 | paper (BERT-base) |", "|---|---|---|"]
@@ -301,37 +386,12 @@ def run(config, workdir: str) -> Dict:
   WORKDIR/results.json and WORKDIR/table.md."""
   workdir = filesystem.absolute(workdir)
   filesystem.makedirs(workdir)
-  loaded_config, pretrained = checkpoints.load_pretrained(config.init_checkpoint)
-  bert_config = finetuning.bert_config_for(config, loaded_config)
-  tokenizer = finetuning.create_tokenizer(config, bert_config)
-  encoder = checkpoints.to_model_layout(pretrained, bert_config)["bert"]
-  labels = ner.labels_for(config)
-  cache_dir = config.cache_dir or filesystem.join(workdir, "features")
-  limits = {"train": config.data.max_train_examples, "dev": config.data.max_eval_examples}
-  splits, data = {}, {}
-  start = time.time()
-  for split in ("train", "dev"):
-    sentences = ner.read_split(config, split)
-    if limits[split]:
-      sentences = sentences[:limits[split]]
-    path = ner.split_path(config, split)
-    key = {"split": split, "checkpoint": filesystem.absolute(config.init_checkpoint),
-           "data": path, "size": filesystem.getsize(path), "mtime": filesystem.mtime(path),
-           "limit": limits[split], "max_seq_length": config.max_seq_length,
-           "document_context": config.document_context, "labels": labels,
-           "do_lower_case": config.tokenizer.do_lower_case}
-    data[split] = sentences
-    splits[split] = cached_extract(
-        cache_dir, key, bert_config=bert_config, encoder_params=encoder, tokenizer=tokenizer,
-        sentences=sentences, labels=labels, max_seq_length=config.max_seq_length,
-        document_context=config.document_context, batch_size=config.eval_batch_size)
-  print(f"[feature-based] features of {len(data['train'])} train / {len(data['dev'])} dev "
-        f"sentences in {time.time() - start:.1f}s (cache: {cache_dir})", flush=True)
+  inputs = read_inputs(config, workdir)
+  data = inputs.sentences
   results = {}
   for choice in config.layer_choices:
     t = time.time()
-    results[choice] = train_choice(choice, config, splits["train"], splits["dev"], data["dev"],
-                                   labels, bert_config.num_hidden_layers,
+    results[choice] = train_choice(choice, config, inputs,
                                    filesystem.join(workdir, "choices", choice))
     if results[choice].get("preempted"):
       return {"task": f"ner_feature_based_{config.dataset}", "preempted": True}

@@ -10,19 +10,22 @@ Objectives (`config.objective`, spec sections 2 and 6):
   mlm_nsp  masked LM + next-sentence prediction (the paper)
   mlm      masked LM only (the "No NSP" ablation)
   ltr      left-to-right LM, no NSP: causal attention, every next token is a target
+
+Beside it, with explicit arguments: `init_checkpoint.py` (a checkpoint's architecture and
+vocabulary adopted, its weights loaded into a fresh run) and `pretraining_data.py` (the demo corpus
+or the user's text files built into WORKDIR/data); `prepare` and `adopt_checkpoint` translate the
+config for them.
 """
 import functools
 from typing import Any, Dict, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
 
 from bert_jax import parallel
-from bert_jax.io import checkpoints, filesystem
+from bert_jax.io import filesystem
 from bert_jax.io import training_checkpoints as tc
 from bert_jax.model import families, flops, kernels, modeling
 from bert_jax.model.config import BertConfig
@@ -33,6 +36,7 @@ from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Throughput
 from bert_jax.runtime.state import TrainState
+from bert_jax.tasks.jobs import init_checkpoint, pretraining_data
 from data_pipelines import features as F
 from data_pipelines import packing
 
@@ -208,102 +212,22 @@ def create_train_state(config, model, tx, rng) -> TrainState:
   return TrainState.create(params, tx)
 
 
-def load_init_checkpoint(config, params):
-  """Starts from a released (HF/TF) checkpoint or a phase-1 workdir; heads kept if present.
-
-  Each pre-training head the checkpoint has (MLM `cls/predictions`, NSP `cls/seq_relationship`)
-  is loaded; one it lacks keeps its fresh initialisation, and the run says which."""
-  loaded_config, loaded = checkpoints.load_pretrained(config.init_checkpoint)
-  ours = bert_config_from(config)
-  for field in ("architecture", "vocab_size", "hidden_size", "num_hidden_layers",
-                "num_attention_heads", "intermediate_size", "type_vocab_size"):
-    if getattr(loaded_config, field) != getattr(ours, field):
-      raise ValueError(f"init_checkpoint {config.init_checkpoint}: {field}="
-                       f"{getattr(loaded_config, field)} but config.model.{field}="
-                       f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
-                       "checkpoint's architecture)")
-  # Rotary positions have no table: a ModernBERT phase may run longer than the one before it.
-  if (not ours.is_modern
-      and loaded_config.max_position_embeddings != ours.max_position_embeddings):
-    raise ValueError(f"init_checkpoint {config.init_checkpoint}: max_position_embeddings differs")
-  missing = checkpoints.missing_heads(loaded)
-  loaded = checkpoints.to_model_layout(loaded, ours)
-  merged = flax.core.unfreeze(jax.tree_util.tree_map(np.asarray, params))
-  merged["bert"] = loaded["bert"]
-  wanted = set(merged.get("cls", {}))              # the heads this objective trains
-  for name, value in loaded.get("cls", {}).items():
-    if name in wanted:
-      merged["cls"][name] = value
-  fresh = [h for h in missing if h.split("/")[1] in wanted]
-  if fresh:
-    message = (f"init_checkpoint {config.init_checkpoint} has no {', '.join(fresh)}: "
-               "initialised from scratch")
-    logging.warning(message)
-    print(message, flush=True)
-  return jax.tree_util.tree_map(jnp.asarray, merged)
-
-
 def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
-  """`config.model_from_checkpoint`: the init checkpoint's architecture, vocabulary and casing.
-
-  Continued pre-training of a released model: returns the changes to `config` ({"model.<field>":
-  ..., "tokenizer.<field>": ...}; empty without model_from_checkpoint) that make the architecture
-  fields of `config.model` (not the runtime ones: dtype, scan, remat, kernels) the checkpoint's,
-  and the tokenizer the vocabulary beside it (`vocab.txt`, else `spm.model`, else
-  `tokenizer.json`: `checkpoints.find_vocab`) with its recorded casing (a tokenizer.json's: its
-  normalizer's), unless `config.tokenizer` names a vocabulary. `config` itself is not changed. A
-  `max_seq_length` beyond the checkpoint's position table is an error.
-  """
+  """`config.model_from_checkpoint`: the changes to `config` that make its architecture and
+  tokenizer the init checkpoint's (`init_checkpoint.adopt_checkpoint`: its vocabulary and casing
+  unless `config.tokenizer` names a vocabulary); empty without model_from_checkpoint. `config`
+  itself is not changed."""
   if not config.model_from_checkpoint:
     return {}
   if not config.init_checkpoint:
     raise ValueError("config.model_from_checkpoint=True needs config.init_checkpoint (a Hugging "
                      "Face directory, a Google TF checkpoint, a save_pretrained directory or a "
                      "pre-training workdir)")
-  source = config.init_checkpoint
-  loaded = checkpoints.load_pretrained_config(source)
-  if not loaded.is_modern and config.max_seq_length > loaded.max_position_embeddings:
-    raise ValueError(f"config.max_seq_length={config.max_seq_length} is longer than the position "
-                     f"table of {source} (max_position_embeddings="
-                     f"{loaded.max_position_embeddings}): continued pre-training cannot add "
-                     f"positions; use --config.max_seq_length<={loaded.max_position_embeddings}")
-  changes = {f"model.{k}": v for k, v in loaded.to_dict(include_runtime=False).items()}
-  vocab_file, spm_model_file, tokenizer_file = (config.tokenizer.vocab_file,
-                                                 config.tokenizer.spm_model_file,
-                                                 config.tokenizer.tokenizer_file)
-  do_lower_case = config.tokenizer.do_lower_case
-  found = not (vocab_file or spm_model_file or tokenizer_file)
-  if found:
-    vocab_file, spm_model_file, tokenizer_file = (p or "" for p in checkpoints.find_vocab(source))
-    recorded = checkpoints.recorded_lower_case(source)
-    if recorded is not None:
-      do_lower_case = recorded
-  from bert_jax.text import tokenization
-  tokenizer = tokenization.create_tokenizer(vocab_file=vocab_file or None,
-                                            spm_model_file=spm_model_file or None,
-                                            tokenizer_file=tokenizer_file or None,
-                                            do_lower_case=do_lower_case)
-  if tokenizer_file:   # the file's normalizer is its casing
-    do_lower_case = tokenizer.do_lower_case
-  else:
-    tokenization.validate_case_matches_checkpoint(do_lower_case, source)
-  if found:
-    changes.update({"tokenizer.vocab_file": vocab_file, "tokenizer.spm_model_file": spm_model_file,
-                    "tokenizer.tokenizer_file": tokenizer_file,
-                    "tokenizer.do_lower_case": do_lower_case})
-  vocab = vocab_file or spm_model_file or tokenizer_file
-  size = tokenizer.vocab_size
-  if size != loaded.vocab_size:
-    raise ValueError(f"Vocabulary {vocab} has {size} entries but {source} has vocab_size="
-                     f"{loaded.vocab_size}: pass the vocabulary the checkpoint was trained with")
-  if not found:   # one named in config.tokenizer: the checkpoint's own, token for token
-    from bert_jax.tasks.framework import finetuning
-    finetuning.check_checkpoint_vocabulary(tokenizer, vocab, source)
-  print(f"Continuing {source}: L={loaded.num_hidden_layers}, H={loaded.hidden_size}, "
-        f"A={loaded.num_attention_heads}, max positions {loaded.max_position_embeddings}; "
-        f"vocabulary {vocab} ({size} entries, "
-        f"{'uncased' if do_lower_case else 'cased'})", flush=True)
-  return changes
+  tokenizer = config.tokenizer
+  return init_checkpoint.adopt_checkpoint(
+      config.init_checkpoint, config.max_seq_length, vocab_file=tokenizer.vocab_file,
+      spm_model_file=tokenizer.spm_model_file, tokenizer_file=tokenizer.tokenizer_file,
+      do_lower_case=tokenizer.do_lower_case)
 
 
 # ----------------------------------------------------------------------------------- loop
@@ -421,38 +345,15 @@ def _throughput(config) -> Throughput:
   return Throughput(count, rates)
 
 
-def _prepare_workdir(config, workdir: str) -> ml_collections.ConfigDict:
-  """The workdir made if needed (any filesystem) and the demo corpus or text files built into it
-  if asked; returns the config the job runs: `config` with the records (and a learned
-  vocabulary) in WORKDIR/data filled in."""
-  filesystem.makedirs(workdir)
-  changes = {}
-  if config.data.text_files:
-    changes = _prepare_text_files(config, workdir)
-  elif config.data.prepare_demo_corpus:
-    from data_pipelines import demo_corpus
-    changes = demo_corpus.prepare(config, workdir)
-  config = config_names.replaced(config, changes)
-  if not config.data.input_files:
-    raise ValueError("config.data.input_files is empty: point it at pre-training TFRecords "
-                     "(python -m data_pipelines.create_pretraining_data writes them)")
-  if outputs.is_writer():   # checked against an earlier run's first (its checkpoints)
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """The config the job runs in `workdir`: `config` (a copy) with the records (and a learned
+  vocabulary) of the demo corpus or the text files built into WORKDIR/data filled in
+  (`pretraining_data.prepare`; the workdir made if needed, any filesystem), its model config kept
+  in the workdir (checked against an earlier run's first: its checkpoints)."""
+  config = pretraining_data.prepare(config, workdir)
+  if outputs.is_writer():
     tc.keep_model_config(bert_config_from(config), workdir)
   return config
-
-
-def _prepare_text_files(config, workdir: str) -> Dict[str, Any]:
-  """`config.data.text_files` (raw text in BERT's input format, a comma list or globs) ->
-  WORKDIR/data records with the run's vocabulary, once; the config changes that read them."""
-  from data_pipelines import build_vocab, create_pretraining_data, workdir_data
-  files = build_vocab.expand_input_files(config.data.text_files)
-
-  def documents():
-    stats = create_pretraining_data.Stats()
-    yield from create_pretraining_data.documents_from_files(
-        files, create_pretraining_data.Options(), stats)
-    print(stats.summary(), flush=True)
-  return workdir_data.prepare(config, workdir, documents, f"{len(files)} text file(s)")
 
 
 def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
@@ -542,13 +443,6 @@ def _evaluator(config, eval_step_fn):
   return evaluator
 
 
-def _from_init_checkpoint(config, tx, state, par):
-  host = jax.device_get(par.checkpointable(state))
-  params = load_init_checkpoint(config, host.params)
-  print(f"Initialised from {config.init_checkpoint}", flush=True)
-  return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
-
-
 def make_job(config: ml_collections.ConfigDict) -> Job:
   """The pre-training job `config` describes (runtime.job): what trains, what `--compile_for`
   compiles and what the benchmarks time. Nothing is read until the job runs."""
@@ -579,7 +473,8 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       eval_at=lambda step: evaluates and step % config.eval_every_steps == 0,
       # Where training starts from (continued pre-training: the released model on this corpus).
       eval_first=bool(config.eval_before_training),
-      warm_start=(functools.partial(_from_init_checkpoint, config, tx)
+      warm_start=(functools.partial(init_checkpoint.warm_start, config.init_checkpoint,
+                                    bert_config_from(config), tx)
                   if config.init_checkpoint else None),
       throughput=_throughput(config),
       console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "batch_size"))
@@ -595,7 +490,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   workdir = filesystem.absolute(workdir)
   # The config the job runs: what the checkpoint and WORKDIR/data decide, filled into a copy.
   config = config_names.replaced(config, adopt_checkpoint(config))
-  config = _prepare_workdir(config, workdir)
+  config = prepare(config, workdir)
   outcome = jobs.run(make_job(config), workdir, parallel.create(config))
   return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
 

@@ -3,13 +3,16 @@ r"""Check before you rent: compile an experiment's steps for a TPU slice, on a C
   python -m bert_jax.main --config=experiments/pretrain_bert_large.py --workdir=DIR \
     --compile_for=v5litepod-16 [--find_max_batch]
 
-The exact train step (and evaluation step) a pre-training or fine-tuning experiment (GLUE, SWAG,
-SQuAD, NER; its checkpoint and data must be there, for the architecture and the feature shapes)
-would run on that slice: the same
-model, dtype, remat, scan, kernels, optimizer, gradient accumulation, packing and global batch,
-over a mesh of the slice's devices with the same `data` / `model` axes and logical-axis
-shardings. It is lowered and compiled by the real TPU compiler (`libtpu`, through
-`parallel.topologies`), never run. `DIR/compile_report.json` and the printed summary hold:
+The exact train step (and evaluation step) the experiment's job would run on that slice, for
+any `config.task` with one job (`tasks.registry.job`, built without a workdir: nothing is
+prepared or written): pre-training, a fine-tuning task (GLUE, SWAG, SQuAD, NER; its checkpoint
+and data must be there, for the architecture and the feature shapes) or the feature-based tagger
+(its first layer choice, on zero features of the training sentences' shapes). The same model,
+dtype, remat, scan, kernels, optimizer, gradient accumulation, packing and global batch, over a
+mesh of the slice's devices with the same `data` / `model` axes and the shardings a run gives
+the job's state (`runtime.job.abstract_state_and_step`). It is lowered and compiled by the real
+TPU compiler (`libtpu`, through `parallel.topologies`), never run. `DIR/compile_report.json`
+and the printed summary hold:
 
   topology, device_kind, num_devices, num_hosts, global_batch_size, compile_seconds,
   memory_per_device {argument_bytes, output_bytes, temp_bytes, generated_code_bytes,
@@ -47,21 +50,16 @@ import jax
 import numpy as np
 
 from bert_jax import parallel
-from bert_jax.io import filesystem
+from bert_jax.io import filesystem, training_checkpoints
 from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
 from bert_jax.runtime import config_names, outputs
+from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Job
 from bert_jax.tasks import registry
-from bert_jax.tasks.jobs import pretraining
 
 REPORT_FILE = "compile_report.json"
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
-
-
-def _abstract(tree, shardings):
-  return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def _memory(compiled) -> Dict[str, int]:
@@ -128,33 +126,18 @@ class _Target:
 
 
 def build_job(config, layers: Optional[int] = None) -> Job:
-  """The experiment's own job, from the `make_job` its training run calls (what trains is what
-  compiles), unrolled at `layers` layers if given (the cost of a scanned step). Fine-tuning
-  reads the checkpoint's architecture and a few training examples (for the feature shapes)."""
-  if config.task == "pretraining":
-    pretraining.check_config(config)
-    if layers is not None:
-      config = config_names.replaced(config, {"model.num_hidden_layers": layers,
-                                              "model.scan_layers": False})
-    return pretraining.make_job(config)
-  from bert_jax.tasks.framework import finetuning
-  finetuning.check_config(config)
-  task = registry.make_task(config)
-  inputs = finetuning.read_inputs(task, config, max_train_examples=4, evaluation=False)
-  if layers is not None:
-    inputs = dataclasses.replace(inputs, bert_config=inputs.bert_config.replace(
-        num_hidden_layers=layers, scan_layers=False))
-  return finetuning.make_job(task, config, inputs)
+  """The experiment's own job from the registry (`registry.job`: what trains is what compiles),
+  built without a workdir (nothing prepared: the shapes only; fine-tuning reads the checkpoint's
+  architecture and a few training examples), unrolled at `layers` layers if given (the cost of
+  a scanned step)."""
+  return registry.job(config, layers=layers)
 
 
-def _scanned_layers(config) -> int:
-  """The layer count when the encoder is a scan over layers (0 when unrolled)."""
-  if not config.model.scan_layers:
-    return 0
-  if config.task == "pretraining":
-    return int(config.model.num_hidden_layers)
-  from bert_jax.io import checkpoints
-  return checkpoints.load_pretrained_config(config.init_checkpoint).num_hidden_layers
+def _scanned_layers(job: Job) -> int:
+  """The layer count when the job's encoder is a scan over layers (0 when unrolled, or when the
+  step has none: the feature-based tagger trains on the encoder's features)."""
+  encoder = training_checkpoints.model_config_of(job.model)
+  return int(encoder.num_hidden_layers) if encoder is not None and encoder.scan_layers else 0
 
 
 class _Compiler:
@@ -162,8 +145,8 @@ class _Compiler:
 
   def __init__(self, config, target: _Target):
     self.config, self.target = config.copy_and_resolve_references(), target
-    # 0 when unrolled; read once (fine-tuning reads it from the checkpoint).
-    self.scanned_layers = _scanned_layers(self.config)
+    # 0 when unrolled; read from the first job built (its model's encoder).
+    self.scanned_layers: Optional[int] = None
     self._eval = None   # the eval step's verdict: its batch does not change with the train batch
 
   def _train_and_eval(self, global_batch: int, layers: Optional[int] = None,
@@ -171,23 +154,17 @@ class _Compiler:
     config = config_names.replaced(self.config, {"global_batch_size": global_batch})
     par = self.target.par
     job = build_job(config, layers)
-    abstract_state = jax.eval_shape(job.init_state)
-    par.state_sharding = par.state_shardings(abstract_state, job.param_axes)
-    state = _abstract(abstract_state, par.state_sharding)
-    batch_sharding = sharding.batch_sharding(par.mesh)
-    on_batch_axis = lambda batch: _abstract(
-        batch, jax.tree_util.tree_map(lambda _: batch_sharding, batch))
-    rng = jax.random.PRNGKey(0)
-    rng_spec = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(par.mesh))
-    # The strategy's own compiled steps: the shardings a run would use.
-    train_step = par.compile_step(job.train_step)
-    eval_step = parallel.strategies.UnderMesh(
-        jax.jit(job.eval_step, in_shardings=(par.params_sharding(), batch_sharding),
-                out_shardings=sharding.replicated(par.mesh)), par.mesh)
+    if layers is None and self.scanned_layers is None:
+      self.scanned_layers = _scanned_layers(job)
+    # The job's state as a run places it and the strategy's own compiled steps: the shardings
+    # a run would use.
+    state, train_step = jobs.abstract_state_and_step(job, par)
+    eval_step = par.compile_eval(job.eval_step)
+    rng = par.abstract_replicated(jax.random.PRNGKey(0))
     with kernels.compiling_for("tpu"):
-      train = _compile(train_step, (state, on_batch_axis(job.example_batch(global_batch)),
-                                    rng_spec))
-      evaluation = (_compile(eval_step, (state.params, on_batch_axis(
+      train = _compile(train_step, (state, par.abstract_batch(job.example_batch(global_batch)),
+                                    rng))
+      evaluation = (_compile(eval_step, (state.params, par.abstract_batch(
           job.example_eval_batch(config.eval_batch_size)))) if with_eval else None)
     if "flops_per_device" in train:   # what runs inside custom calls, added to XLA's count
       train["flops_per_device"] += job.kernel_flops(global_batch) / len(par.mesh.devices.flat)
@@ -382,10 +359,7 @@ def summary(report: Dict[str, Any]) -> str:
 
 def run(config, workdir: str, accelerator_type: str, search_batch: bool = False) -> Dict:
   """Compiles the experiment's steps for `accelerator_type`; writes and returns the report."""
-  task = config.task
-  if task != "pretraining" and task not in registry.finetuning_tasks():
-    raise ValueError(f"--compile_for compiles pre-training and fine-tuning experiments "
-                     f"({list(registry.finetuning_tasks())}); config.task={task!r} is not one")
+  registry.job_builder(config.task)   # at once: a config.task with no single job says why
   if config.parallelism != "jit":
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)

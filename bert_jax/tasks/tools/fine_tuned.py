@@ -14,7 +14,7 @@ import ml_collections
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks import registry
-from bert_jax.tasks.framework import best_model, finetuning
+from bert_jax.tasks.framework import best_model, finetuning, output_kinds
 from bert_jax.runtime import config_names
 
 
@@ -29,8 +29,14 @@ class FineTuned:
   tokenizer: Any
 
   @property
+  def output_kind(self) -> output_kinds.OutputKind:
+    """What the head's outputs mean: predict's records, the exports' outputs and classes."""
+    return output_kinds.resolve(self.task.output_kind)
+
+  @property
   def kind(self) -> str:
-    return self.task.output_kind
+    """The output kind's name (signature.json's "kind")."""
+    return self.output_kind.name
 
   @property
   def labels(self):
@@ -78,6 +84,7 @@ def load(path: str, **model_overrides) -> FineTuned:
   task = registry.make_task(config)
   if not task.output_kind:
     raise ValueError(f"Task {task.name} declares no output_kind; predict cannot read its outputs")
+  output_kinds.resolve(task.output_kind)   # an unknown one: said now, before the model loads
   loaded_config, encoder = checkpoints.load_pretrained(directory)
   bert_config = finetuning.bert_config_for(config, loaded_config)
   tokenizer = finetuning.create_tokenizer(config, bert_config)

@@ -1,9 +1,10 @@
 """Predictions of a fine-tuned model (`WORKDIR/best/`) on raw input, streamed.
 
 Input, one example per line (`lines`: plain text or TSV, the columns tab-separated) or one JSON
-object per line (`jsonl`); for SQuAD also the official JSON file (`squad_json`, read whole: JSON
-does not stream). What a line holds depends on the task the model was fine-tuned on (its
-`Task.parse_input`):
+object per line (`jsonl`); or a whole file in a format of the model's output kind
+(`OutputKind.file_formats`, read by the task's `Task.read_input_file`): for SQuAD the official
+JSON file (`squad_json`, read whole: JSON does not stream). What a line holds depends on the task
+the model was fine-tuned on (its `Task.parse_input`):
 
 | task | `lines` | `jsonl` |
 |---|---|---|
@@ -16,7 +17,8 @@ does not stream). What a line holds depends on the task the model was fine-tuned
 A JSON object's `"id"`, if any, is copied to its output line.
 
 Output: one JSON line per example that could be read, in input order, with `"line"` (1-based
-line number in the input; the question's index for `squad_json`) and:
+line number in the input; the question's index for `squad_json`) and the records of the task's
+output kind (`OutputKind.records`, bert_jax/tasks/framework/output_kinds.py):
 - classification: `"label"`, `"probability"` (of that label), `"probabilities"` {label: p}
 - regression: `"score"`
 - multiple choice: `"choice"` (0-3), `"probabilities"` [4]
@@ -33,29 +35,33 @@ chunk's rows batched shortest first with length buckets.
 import dataclasses
 import json
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.parallel import sharding
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import finetuning, output_kinds
 from bert_jax.tasks.framework.task import BadInput
 from bert_jax.tasks.tools import fine_tuned
 
-FORMATS = ("lines", "jsonl", "squad_json")
+LINE_FORMATS = ("lines", "jsonl")   # one example per line, for every task
+# With the whole-file formats of the built-in output kinds (squad_json).
+FORMATS = LINE_FORMATS + tuple(fmt for kind in output_kinds.BUILT_IN.values()
+                               for fmt in kind.file_formats)
 MAX_REPORTED = 20   # bad lines printed one by one; beyond that only counted
 
 
 # ----------------------------------------------------------------------------------- reading
 
 
-def detect_format(path: str, kind: str) -> str:
+def detect_format(path: str, kind) -> str:
+  """The input format of `path` for a model of output `kind` (an OutputKind or its name): by the
+  name's ending, `lines` when nothing else matches."""
   if path.endswith((".jsonl", ".ndjson")):
     return "jsonl"
-  if path.endswith(".json") and kind == "span":
-    return "squad_json"
+  for fmt, (ending, _) in output_kinds.resolve(kind).file_formats.items():
+    if path.endswith(ending):
+      return fmt
   return "lines"
 
 
@@ -79,16 +85,16 @@ class Counts:
   bad: int = 0
 
 
-def read_examples(path: str, fmt: str, make_example, counts: Counts,
+def read_examples(path: str, fmt: str, task, counts: Counts,
                   report: Callable[[str], None]) -> Iterator[Tuple[Dict, Any]]:
   """(output fields, example) for every readable example of `path`, streamed; bad lines are
   reported as `path:line: why` and counted. Blank lines are not examples (not counted)."""
-  if fmt == "squad_json":
-    from bert_jax.tasks.datasets import squad
-    for index, example in enumerate(squad.read_squad_json(path, is_training=False)):
+  if fmt not in LINE_FORMATS:   # a whole file in a format of the task's output kind
+    for index, (example_id, example) in enumerate(task.read_input_file(path, fmt)):
       counts.lines += 1
-      yield {"line": index + 1, "id": example.qas_id}, example
+      yield {"line": index + 1, "id": example_id}, example
     return
+  make_example = task.parse_input
   with filesystem.open(path, "rb") as f:
     for number, raw in enumerate(f, start=1):
       try:
@@ -125,55 +131,6 @@ def _chunks(items: Iterator, size: int) -> Iterator[List]:
     yield chunk
 
 
-# ----------------------------------------------------------------------------------- outputs
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-  x = np.asarray(logits, np.float64)
-  x = np.exp(x - x.max(axis=-1, keepdims=True))
-  return x / x.sum(axis=-1, keepdims=True)
-
-
-def _entities(words: Sequence[str], tags: Sequence[str]) -> List[Dict]:
-  from bert_jax.tasks.datasets import ner
-  return [{"type": kind, "start": first, "end": last + 1, "text": " ".join(words[first:last + 1])}
-          for kind, first, last in ner.get_entities(tags)]
-
-
-def format_outputs(model: fine_tuned.FineTuned, examples: Sequence[Any],
-                   features: finetuning.Features, outputs: Dict[str, np.ndarray],
-                   null_threshold: Optional[float]) -> List[Dict]:
-  """One output record per example (see the module docstring)."""
-  kind, labels = model.kind, model.labels
-  if kind == "classification":
-    probs = _softmax(outputs["logits"])                                      # [N, K]
-    return [{"label": labels[int(p.argmax())], "probability": float(p.max()),
-             "probabilities": {label: float(x) for label, x in zip(labels, p)}} for p in probs]
-  if kind == "regression":
-    return [{"score": float(x)} for x in outputs["logits"][:, 0]]
-  if kind == "multiple_choice":
-    probs = _softmax(outputs["logits"])                                      # [N, 4]
-    return [{"choice": int(p.argmax()), "probabilities": [float(x) for x in p]} for p in probs]
-  predictions = model.task.predict(examples, features, outputs)
-  if kind == "tagging":
-    return [{"words": e.words, "tags": list(tags), "entities": _entities(e.words, tags)}
-            for e, tags in zip(examples, predictions)]
-  if kind == "span":
-    records = []
-    for p in predictions:
-      answer, nbest = p["text"], p["nbest"]
-      if p["null_odds"] is not None and null_threshold is not None:
-        answer = "" if p["null_odds"] > null_threshold else p["best_non_null"]
-      probability = next((n["probability"] for n in nbest if n["text"] == answer), 0.0)
-      record = {"answer": answer, "probability": probability,
-                "nbest": [{"text": n["text"], "probability": n["probability"]} for n in nbest]}
-      if p["null_odds"] is not None:
-        record["null_odds"] = p["null_odds"]
-      records.append(record)
-    return records
-  raise ValueError(f"Unknown output kind {kind!r} (expected one of {finetuning.OUTPUT_KINDS})")
-
-
 # ----------------------------------------------------------------------------------- the run
 
 
@@ -184,33 +141,34 @@ def predict_file(model: fine_tuned.FineTuned, input_path: str, output_path: str,
   """Writes one JSON line per readable example of `input_path` to `output_path`."""
   if not filesystem.exists(input_path):
     raise FileNotFoundError(f"Input file not found: {input_path}")
-  fmt = fmt or detect_format(input_path, model.kind)
-  if fmt not in FORMATS:
-    raise ValueError(f"format {fmt!r}: expected one of {FORMATS}")
-  if fmt == "squad_json" and model.kind != "span":
-    raise ValueError(f"format squad_json is for SQuAD models; {model.directory} is "
+  kind = model.output_kind
+  fmt = fmt or detect_format(input_path, kind)
+  if fmt not in LINE_FORMATS and fmt not in kind.file_formats:
+    whose = output_kinds.whose_file_format(fmt)
+    if whose is None:
+      raise ValueError(f"format {fmt!r}: expected one of {FORMATS}")
+    raise ValueError(f"format {fmt} is for {whose} models; {model.directory} is "
                      f"{model.task.name}")
-  if fmt != "squad_json" and not _has_a_line(input_path):   # a SQuAD file is checked whole
+  if fmt in LINE_FORMATS and not _has_a_line(input_path):   # a whole file is checked whole
     raise ValueError(f"{input_path}: no examples (the file is empty or holds only blank "
                      "lines)")
   report = report or (lambda message: print(message, file=sys.stderr, flush=True))
   counts = Counts()
-  make_example = model.task.parse_input
   par = parallel.create(model.config)
   predictor = finetuning.Predictor(model.model, model.task, batch_size, par.mesh,
                                    length_bucket=length_bucket)
   params = sharding.place(model.params, sharding.replicated(par.mesh))   # once, not per chunk
-  null_threshold = model.task.null_threshold(model.directory)
+  settings = kind.prediction_settings(model.task, model.directory)   # read once
   bar = _progress_bar(input_path, fmt, progress)
   with filesystem.open(output_path, "w") as out:
-    for chunk in _chunks(read_examples(input_path, fmt, make_example, counts, report),
+    for chunk in _chunks(read_examples(input_path, fmt, model.task, counts, report),
                          chunk_size):
       fields = [f for f, _ in chunk]
       examples = [e for _, e in chunk]
       features = model.task.make_features(examples, model.tokenizer, "predict")
       outputs, _ = predictor(params, features, with_loss=False)
-      for f, record in zip(fields, format_outputs(model, examples, features, outputs,
-                                                  null_threshold)):
+      for f, record in zip(fields, kind.records(model.task, examples, features, outputs,
+                                                settings)):
         out.write(json.dumps(dict(f, **record), ensure_ascii=False) + "\n")
       counts.predicted += len(chunk)
       bar.update(len(chunk))
@@ -228,7 +186,7 @@ def _progress_bar(path: str, fmt: str, enabled: bool):
   """Examples done, against the input's line count when it is cheap to know (a local file)."""
   import tqdm
   total = None
-  if enabled and fmt != "squad_json" and not filesystem.is_url(path):
+  if enabled and fmt in LINE_FORMATS and not filesystem.is_url(path):
     with open(path, "rb") as f:
       total = sum(1 for line in f if line.strip())
   return tqdm.tqdm(total=total, unit=" examples", disable=not enabled, file=sys.stderr,

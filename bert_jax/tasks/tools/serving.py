@@ -6,7 +6,8 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
 * `saved_model`: a TensorFlow SavedModel made by `jax.experimental.jax2tf` (native
   serialization: the model is the StableHLO JAX lowers, run by TensorFlow's XlaCallModule op).
   Signature `serving_default`: `input_ids`, `input_mask`, `segment_ids`, int32 [batch, length]
-  ([batch, choices, length] for multiple choice) -> the task's outputs (`KINDS`), float32.
+  ([batch, choices, length] for multiple choice) -> the outputs of the task's output kind
+  (`OutputKind.outputs` and `serve`, bert_jax/tasks/framework/output_kinds.py), float32.
   Batch and length are symbolic dimensions (jax2tf `polymorphic_shapes`), so one export serves
   any batch size and any length up to `max_position_embeddings` (checked when called). The
   parameters are `tf.Variable`s (the graph stays small, `saved_model_cli` lists them), and the
@@ -15,12 +16,12 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
   casing, max_seq_length, the [CLS] A [SEP] B [SEP] layout), what the outputs mean and the
   labels; the vocabulary is a SavedModel asset (`assets/vocab.txt`, `assets/spm.model` or
   `assets/tokenizer.json`).
-* `huggingface`: the matching transformers class (`HF_CLASSES`): config.json (labels as
-  id2label/label2id) + model.safetensors + the tokenizer files (vocab.txt, tokenizer_config.json
-  with do_lower_case; or a model's tokenizer.json, as `PreTrainedTokenizerFast`), loadable
-  offline by `AutoModelFor...` and `AutoTokenizer`. The encoder is written by
-  `checkpoints.huggingface_state` (the same renaming as `export_huggingface`), the head under
-  transformers' names (torch Linear weights are [out, in]).
+* `huggingface`: the output kind's transformers class (`OutputKind.hf_class`): config.json
+  (labels as id2label/label2id) + model.safetensors + the tokenizer files (vocab.txt,
+  tokenizer_config.json with do_lower_case; or a model's tokenizer.json, as
+  `PreTrainedTokenizerFast`), loadable offline by `AutoModelFor...` and `AutoTokenizer`. The
+  encoder is written by `checkpoints.huggingface_state` (the same renaming as
+  `export_huggingface`), the head under transformers' names (torch Linear weights are [out, in]).
 
 There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
 `FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
@@ -31,7 +32,7 @@ Shape letters: B batch, C choices, S sequence, H hidden, K labels.
 import contextlib
 import dataclasses
 import json
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -42,12 +43,12 @@ from absl import logging
 from bert_jax.io import checkpoints, filesystem
 from bert_jax.model import families
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks.framework import finetuning
+from bert_jax.tasks.framework import finetuning, output_kinds
 from bert_jax.tasks.tools import fine_tuned
 from bert_jax.text import tokenization
 
 FORMATS = ("saved_model", "huggingface")
-ENCODER = "encoder"     # the kind of a pre-trained checkpoint exported without a head
+ENCODER = output_kinds.ENCODER   # the kind of a pre-trained checkpoint exported without a head
 ENCODER_INPUT_FORMAT = "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]"
 SIGNATURE_FILE = "signature.json"
 SERVING_SIGNATURE = "serving_default"
@@ -55,54 +56,17 @@ SERVING_SIGNATURE = "serving_default"
 # run time by the device TensorFlow places it on (a GPU-only lowering fails on a CPU host).
 PLATFORMS = ("cpu", "cuda", "tpu")
 
-# Each output kind (a task's `output_kind`, or ENCODER): the transformers model class holding the
-# same head, and its outputs in signature order as name -> (shape, meaning). Shapes are words or
-# the model's sizes: "labels" (len(labels)), "choices" (C) and "hidden" (H).
-KINDS = {
-    "classification": ("BertForSequenceClassification", {
-        "logits": (["batch", "labels"],
-                   "unnormalised score of each label (index = position in labels)"),
-        "probabilities": (["batch", "labels"], "softmax of logits over the labels")}),
-    "regression": ("BertForSequenceClassification", {
-        "score": (["batch"], "the predicted value")}),
-    "multiple_choice": ("BertForMultipleChoice", {
-        "logits": (["batch", "choices"], "score of each choice"),
-        "probabilities": (["batch", "choices"], "softmax of logits over the choices")}),
-    "tagging": ("BertForTokenClassification", {
-        "logits": (["batch", "length", "labels"],
-                   "score of each label at every token; a word's label is read at its first "
-                   "WordPiece (other positions are not trained)"),
-        "probabilities": (["batch", "length", "labels"],
-                          "softmax of logits over the labels at every token")}),
-    "span": ("BertForQuestionAnswering", {
-        "start_logits": (["batch", "length"],
-                         "score of each token as the answer's first (0 = [CLS]: no answer)"),
-        "end_logits": (["batch", "length"],
-                       "score of each token as the answer's last (0 = [CLS]: no answer)")}),
-    ENCODER: ("BertModel", {
-        "sequence_output": (["batch", "length", "hidden"], "final hidden state of every token"),
-        "pooled_output": (["batch", "hidden"],
-                          "the pooler (dense + tanh) on the [CLS] hidden state")}),
-}
-OUTPUTS = {kind: tuple(outputs) for kind, (_, outputs) in KINDS.items()}
-HF_CLASSES = {kind: hf_class for kind, (hf_class, _) in KINDS.items()}
-# Our input and output names -> transformers' (a softmax is not part of its models).
+# Our input names -> transformers' (the outputs' are each output kind's `hf_outputs`).
 HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
                   "segment_ids": "token_type_ids"}
-HF_OUTPUT_NAMES = {"logits": "logits", "score": "logits", "start_logits": "start_logits",
-                   "end_logits": "end_logits", "sequence_output": "last_hidden_state",
-                   "pooled_output": "pooler_output"}
-# transformers builds these without a pooler (add_pooling_layer=False): its weights would be
-# reported as unexpected keys, so they are not written.
-_HF_NO_POOLER = ("tagging", "span")
-# Our head parameter -> transformers' module name, per kind.
+# Our head parameter -> transformers' module name.
 _HF_HEAD_NAMES = {"classifier": "classifier", "qa_outputs": "qa_outputs"}
 
 
 @dataclasses.dataclass
 class Servable:
   """A model ready to export: its kind, parameters, tokenizer and how inputs are made."""
-  kind: str                          # finetuning.OUTPUT_KINDS or ENCODER
+  kind: Union[output_kinds.OutputKind, str]   # the task's output kind, or ENCODER (or a name)
   source: str                        # the directory or checkpoint it was loaded from
   bert_config: BertConfig
   params: Dict[str, Any]             # {"bert": ...} (+ {"head": ...} for a fine-tuned model)
@@ -120,11 +84,12 @@ class Servable:
   notes: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's signature notes
 
   @property
+  def output_kind(self) -> output_kinds.OutputKind:
+    return output_kinds.resolve(self.kind)
+
+  @property
   def outputs(self) -> Tuple[str, ...]:
-    names = OUTPUTS[self.kind]
-    if self.kind == ENCODER and "pooler" not in self.params["bert"]:
-      names = ("sequence_output",)    # a checkpoint saved without its pooler
-    return names
+    return self.output_kind.output_names(self.params)
 
 
 # ----------------------------------------------------------------------------------- loading
@@ -151,7 +116,7 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
                      f"--do_lower_case={do_lower_case} would not tokenize as it was trained")
   apply = lambda params, batch: model.model.apply({"params": params}, batch, deterministic=True)
   return Servable(
-      kind=model.kind, source=model.directory, bert_config=model.bert_config,
+      kind=model.output_kind, source=model.directory, bert_config=model.bert_config,
       params=model.params, apply=apply, task_name=model.task.name, labels=tuple(model.labels),
       max_seq_length=int(config.max_seq_length),
       do_lower_case=run_lower_case,
@@ -159,7 +124,7 @@ def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Se
       spm_model_file=config.tokenizer.spm_model_file or None,
       tokenizer_file=config.tokenizer.tokenizer_file or None,
       task_config=config,
-      num_choices=len(model.labels) if model.kind == "multiple_choice" else 0,
+      num_choices=len(model.labels) if model.output_kind.choices else 0,
       input_format=model.task.input_format, notes=model.task.signature_notes(model.directory))
 
 
@@ -202,18 +167,13 @@ def tokenizer_for(servable: Servable):
 
 def serving_function(servable: Servable) -> Callable:
   """(params, input_ids, input_mask, segment_ids) -> {output name: float32 array}: what the
-  SavedModel computes, as a JAX function (jit it to serve from JAX)."""
-  kind = servable.kind
+  SavedModel computes, as a JAX function (jit it to serve from JAX): the output kind's."""
+  kind, names = servable.output_kind, servable.outputs
 
   def serve(params, input_ids, input_mask, segment_ids):
     batch = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
     raw = {k: v.astype(jnp.float32) for k, v in servable.apply(params, batch).items()}
-    if kind in ("classification", "multiple_choice", "tagging"):
-      logits = raw["logits"]                                  # [B, K], [B, C] or [B, S, K]
-      return {"logits": logits, "probabilities": jax.nn.softmax(logits, axis=-1)}
-    if kind == "regression":
-      return {"score": raw["logits"][..., 0]}                 # [B]
-    return {name: raw[name] for name in servable.outputs}     # span, encoder
+    return kind.serve(raw, names)
 
   return serve
 
@@ -227,7 +187,7 @@ def output_shapes(servable: Servable) -> Dict[str, list]:
   """Each output's shape as words ("batch", "length", ...) or sizes, for signature.json."""
   sizes = {"labels": len(servable.labels), "choices": servable.num_choices,
            "hidden": servable.bert_config.hidden_size}
-  outputs = KINDS[servable.kind][1]
+  outputs = servable.output_kind.outputs
   return {name: [sizes.get(d, d) for d in outputs[name][0]] for name in servable.outputs}
 
 
@@ -242,17 +202,17 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
       "input_mask": "1 for real tokens, 0 for padding",
       "segment_ids": "0 for [CLS], A and its [SEP]; 1 for B and its [SEP]; 0 for padding",
   }
-  outputs = {name: {"dtype": "float32", "shape": shape,
-                    "meaning": KINDS[servable.kind][1][name][1]}
+  kind = servable.output_kind
+  outputs = {name: {"dtype": "float32", "shape": shape, "meaning": kind.outputs[name][1]}
              for name, shape in output_shapes(servable).items()}
   if fmt == "huggingface":   # transformers' argument and output names; torch.long ids
     inputs = {HF_INPUT_NAMES[k]: v for k, v in inputs.items()}
-    outputs = {HF_OUTPUT_NAMES[k]: v for k, v in outputs.items() if k in HF_OUTPUT_NAMES}
-    if servable.kind == "regression":
-      outputs["logits"]["shape"] = ["batch", 1]
+    outputs = {kind.hf_outputs[k]: v for k, v in outputs.items() if k in kind.hf_outputs}
+    for name, shape in kind.hf_shapes.items():
+      outputs[name]["shape"] = list(shape)
   description = {
       "format": fmt,
-      "kind": servable.kind,
+      "kind": kind.name,
       "task": servable.task_name,
       "source": servable.source,
       "inputs": {name: {"dtype": "int32" if fmt == "saved_model" else "int64", "shape": dims,
@@ -494,13 +454,14 @@ def _modern_huggingface_state(servable: Servable, bert: Dict) -> Tuple[str, Dict
   transformers' ModernBertForTokenClassification and ModernBertForQuestionAnswering put that
   head (dense, activation, norm) on every token before the output layer, which bert_jax's tagging
   and span heads do not have: those export as a SavedModel only."""
-  kind = servable.kind
-  if kind in _HF_NO_POOLER:
-    raise ValueError(f"{servable.source}: transformers' ModernBERT {kind} class applies a "
+  kind = servable.output_kind
+  architecture = kind.hf_class.replace("Bert", "ModernBert", 1)
+  if not kind.hf_pooler:
+    raise ValueError(f"{servable.source}: transformers' ModernBERT {kind.name} class applies a "
                      "prediction head to every token that bert_jax's head has not; export "
                      "--format=saved_model")
-  if kind == ENCODER:
-    return "ModernBertModel", checkpoints.huggingface_state(
+  if not kind.has_head:
+    return architecture, checkpoints.huggingface_state(
         servable.bert_config, {"bert": {k: v for k, v in bert.items() if k != "pooler"}})
   pooler = bert.pop("pooler")
   state = {f"model.{k}": v for k, v in
@@ -509,24 +470,26 @@ def _modern_huggingface_state(servable: Servable, bert: Dict) -> Tuple[str, Dict
     name = "weight" if leaf in ("kernel", "scale") else leaf
     value = np.asarray(value, np.float32)
     state[f"head.{module}.{name}"] = np.ascontiguousarray(value.T if leaf == "kernel" else value)
-  return HF_CLASSES[kind].replace("Bert", "ModernBert", 1), state
+  return architecture, state
 
 
 def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
-  """Writes the transformers model (`HF_CLASSES[kind]`) and tokenizer files to `output`."""
+  """Writes the transformers model (the output kind's `hf_class`) and tokenizer files to
+  `output`."""
   if servable.bert_config.causal_attention:
     raise ValueError(f"{servable.source} uses left-to-right attention (causal_attention), which "
                      "transformers' BERT classes cannot express; export --format=saved_model")
+  kind = servable.output_kind
   bert = dict(servable.params["bert"])
-  if servable.kind in _HF_NO_POOLER:
+  if not kind.hf_pooler:   # transformers builds it without one (add_pooling_layer=False)
     bert.pop("pooler", None)
   if servable.bert_config.is_modern:
     architecture, state = _modern_huggingface_state(servable, bert)
   else:
-    architecture = HF_CLASSES[servable.kind]
+    architecture = kind.hf_class
     encoder = checkpoints.huggingface_state(servable.bert_config, {"bert": bert})
-    state = encoder if servable.kind == ENCODER else {f"bert.{k}": v for k, v in encoder.items()}
-  if servable.kind != ENCODER:
+    state = {f"bert.{k}": v for k, v in encoder.items()} if kind.has_head else encoder
+  if kind.has_head:
     state.update(huggingface_head(servable))
   hf_config = checkpoints.huggingface_config(servable.bert_config, architecture)
   tokenizer = tokenizer_for(servable)
@@ -536,14 +499,7 @@ def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
     hf_config.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
                      sep_token_id=tokenizer.sep_id, bos_token_id=tokenizer.cls_id,
                      eos_token_id=tokenizer.sep_id)
-  if servable.kind in ("classification", "tagging"):
-    labels = list(servable.labels)
-    hf_config.update(num_labels=len(labels), id2label={str(i): l for i, l in enumerate(labels)},
-                     label2id={l: i for i, l in enumerate(labels)},
-                     problem_type="single_label_classification"
-                     if servable.kind == "classification" else None)
-  elif servable.kind == "regression":
-    hf_config.update(num_labels=1, problem_type="regression")
+  hf_config.update(kind.hf_config(servable.labels))
   hf_config = {k: v for k, v in hf_config.items() if v is not None}
   with written_whole(output) as partial:
     checkpoints.save_safetensors(state, filesystem.join(partial, "model.safetensors"),
