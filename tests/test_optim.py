@@ -344,7 +344,7 @@ def test_clipping_is_per_tensor():
   params, grads = _tree(0), spiky_grads()
   stable = optim.stable_adamw(1e-2, B1, B2, EPS, 0.1, optim.decay_mask)
   adamw = optax.adamw(1e-2, B1, B2, EPS, weight_decay=0.1, mask=optim.decay_mask)
-  s_state, a_state, adam_state = stable.init(params), adamw.init(params), None
+  s_state, a_state = stable.init(params), adamw.init(params)
   for step, g in enumerate(grads, start=1):
     us, s_state = stable.update(g, s_state, params)
     ua, a_state = adamw.update(g, a_state, params)

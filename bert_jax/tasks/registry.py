@@ -65,10 +65,7 @@ def _pretraining_job(config, workdir: Optional[str], layers: Optional[int]):
   workdir's data prepared (`pretraining.prepare`) when there is a workdir."""
   from bert_jax.runtime import config_names
   from bert_jax.tasks.jobs import pretraining
-  pretraining.check_config(config)
-  config = config_names.replaced(config, pretraining.adopt_checkpoint(config))
-  if workdir is not None:
-    config = pretraining.prepare(config, workdir)
+  config = pretraining.job_config(config, workdir)
   if layers is not None:
     config = config_names.replaced(config, {"model.num_hidden_layers": layers,
                                             "model.scan_layers": False})

@@ -10,7 +10,6 @@
 * In the slow tier (`--tier=slow`) (minutes each): kill -9 while a checkpoint is half written on gs://;
   GLUE fine-tuning through a 30 s outage (the emulator paused).
 """
-import os
 import shutil
 import signal
 import subprocess

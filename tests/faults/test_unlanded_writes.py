@@ -13,7 +13,7 @@ import pytest
 
 from tests import demo_runs
 from tests.lossy_store import lossy_store
-from tests.test_cloud_storage import BUCKET, _create_bucket, _objects, _start_emulator
+from tests.test_cloud_storage import BUCKET, _objects, _own_emulator
 
 # Objects to lose: anything under a `lost` folder or named lost*, the iterator state's data file,
 # TensorBoard event files, a SavedModel's variables.
@@ -22,13 +22,8 @@ LOSE = r"/lost|/iterator\.data-|tfevents|^export_lost.*variables\.data-|/tf1/.*\
 
 @pytest.fixture(scope="module")
 def emulator():
-  proc, url = _start_emulator()
-  try:
-    _create_bucket(url)
+  with _own_emulator() as (_, url):
     yield url
-  finally:
-    proc.kill()
-    proc.wait()
 
 
 def _env(store_url):

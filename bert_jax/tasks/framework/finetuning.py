@@ -42,7 +42,7 @@ from flax import traverse_util
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import families, flops, modeling
+from bert_jax.model import families, flops
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
@@ -55,7 +55,7 @@ from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
 from bert_jax.tasks.framework import best_model
 from bert_jax.tasks.framework.task import (  # noqa: F401 (the loop's names for them)
-    MODEL_INPUTS, OUTPUT_KINDS, Features, FunctionTask, Task)
+    MODEL_INPUTS, Features, FunctionTask, Task)
 from bert_jax.text import tokenization
 
 RESULTS_FILE = "results.json"

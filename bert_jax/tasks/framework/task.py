@@ -66,8 +66,6 @@ import numpy as np
 
 from bert_jax.tasks.framework import output_kinds
 
-# The names of the built-in output kinds of tasks (the objects: `output_kinds.TASK_KINDS`).
-OUTPUT_KINDS = tuple(kind.name for kind in output_kinds.TASK_KINDS)
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 

@@ -486,13 +486,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   Returns the last logged training metrics (and eval metrics under `eval_*`), with
   `preempted: True` when SIGTERM stopped it early (after saving a checkpoint).
   """
-  check_config(config)
   workdir = filesystem.absolute(workdir)
-  # The config the job runs: what the checkpoint and WORKDIR/data decide, filled into a copy.
-  config = config_names.replaced(config, adopt_checkpoint(config))
-  config = prepare(config, workdir)
+  config = job_config(config, workdir)
   outcome = jobs.run(make_job(config), workdir, parallel.create(config))
   return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
+
+
+def job_config(config: ml_collections.ConfigDict,
+               workdir: Optional[str] = None) -> ml_collections.ConfigDict:
+  """The config the job runs, in a copy: `config` checked, with what the init checkpoint decides
+  (`adopt_checkpoint`) and, given a workdir, what WORKDIR/data decides (`prepare`)."""
+  check_config(config)
+  config = config_names.replaced(config, adopt_checkpoint(config))
+  return prepare(config, workdir) if workdir is not None else config
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
