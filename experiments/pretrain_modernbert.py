@@ -12,6 +12,11 @@ workdir:
 Phase decay, 8,192 tokens, the learning rate decayed to 0, from the extend workdir:
   ... :size=base,phase=decay --config.init_checkpoint=gs://b/mb_extend ...
 
+ModernBERT-large from a trained base, as the paper did (section 2.2.4: base's weights tiled into
+large's, layers by Gopher's mapping; bert_jax/model/growth.py):
+  ... :size=large,phase=pretrain --workdir=gs://b/mbl_pretrain \
+    --config.init_checkpoint=gs://b/mb_pretrain --config.init_tiling=tile_from_middle
+
 The records are contiguous text without NSP (`python -m data_pipelines.create_pretraining_data
 --instances=contiguous --masking=dynamic --max_seq_length=1024` or 8192), masked while reading
 at 30%. The model is `modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `modernbert-large`

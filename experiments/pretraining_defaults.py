@@ -20,6 +20,11 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # Continued pre-training: config.model's architecture, the vocabulary and casing come from
   # init_checkpoint (experiments/continue_pretraining.py).
   c.model_from_checkpoint = False
+  # Growth: init_checkpoint is a smaller model of the same family and vocabulary, and every
+  # parameter of config.model is grown from it (bert_jax/model/growth.py; ModernBERT-large was
+  # initialised from base by "tile_from_middle"): "" (off) | tile_from_middle | tile_from_edge |
+  # center. The optimizer and step start afresh.
+  c.init_tiling = ""
   c.eval_before_training = False     # log held-out metrics at step 0 (where training starts)
 
   c.global_batch_size = 256          # sequences per step, all hosts together

@@ -41,3 +41,24 @@ def test_events_on_local_disk_are_written_in_place(tmp_path):
   writer.write(1, "eval", {"accuracy": 0.5})
   assert _scalars(str(tmp_path / "tensorboard")) == {("eval/accuracy", 1): 0.5}
   writer.close()
+
+
+def test_a_killed_writers_event_buffer_is_removed_by_the_next_writer(tmp_path, monkeypatch):
+  import subprocess
+  import sys
+  from bert_jax.runtime import metric_writers
+  monkeypatch.setattr(metric_writers.tempfile, "tempdir", str(tmp_path / "tmp"))
+  os.makedirs(tmp_path / "tmp")
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  orphan = tmp_path / "tmp" / f"bert_jax_tensorboard_{dead.stdout.strip()}_abc"
+  alive = tmp_path / "tmp" / f"bert_jax_tensorboard_{os.getpid()}_def"
+  for folder in (orphan, alive):
+    folder.mkdir()
+    (folder / "events.out.tfevents.1").write_bytes(b"x")
+  writer = MetricWriter("file://" + str(tmp_path / "run"))
+  assert not orphan.exists() and alive.exists()     # a running process's buffer stays
+  own = [p for p in os.listdir(tmp_path / "tmp") if p.startswith(f"bert_jax_tensorboard_{os.getpid()}_")]
+  assert len(own) == 2
+  writer.close()
+  assert os.listdir(tmp_path / "tmp") == [alive.name]

@@ -27,6 +27,7 @@ pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate"
 from benchmarks.time_to_quality import (cli, clocks, common, corpus, finetune,  # noqa: E402
                                         hf_side, modern, prepared, report, schedule)
 from bert_jax.io import checkpoints  # noqa: E402
+from bert_jax.model import config as config_lib  # noqa: E402
 from tests import finetuning_fixtures  # noqa: E402
 
 WORDS = finetuning_fixtures.WORDS[:-3]
@@ -228,7 +229,7 @@ def test_modern_sides_on_a_budget_of_seconds(tiny_data, tmp_path):
     config, params = checkpoints.load_pretrained(finetune.checkpoint_of(cli.parse_args(
         ["--report", f"--out={out}"]), side))
     assert config.is_modern and config.vocab_size == info["vocab_size"], side
-    assert config.intermediate_size == modern.glu_width(512) == 320, side   # BERT-tiny's I: 512
+    assert config.intermediate_size == config_lib.glu_width(512) == 320, side   # BERT-tiny's I: 512
     assert config.local_attention == 16 and config.classifier_pooling == "mean", side
   check, final = done["bert_jax_modern"]["checkpoint_check"], done["bert_jax_modern"]["final"]
   assert check["text_mlm_loss"] == pytest.approx(final["text_mlm_loss"], rel=1e-5)
@@ -338,7 +339,7 @@ def test_ramp_batch_sampler_gives_each_step_its_rows_from_seeded_permutations():
 
 
 def test_modern_shape_matches_berts_mlp_weights():
-  assert modern.glu_width(1024) == 704 and modern.glu_width(512) == 320
+  assert config_lib.glu_width(1024) == 704 and config_lib.glu_width(512) == 320
   assert modern.max_predictions(0.30, 128) == 40 and modern.max_predictions(0.30, 32) == 16
 
 

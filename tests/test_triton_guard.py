@@ -5,6 +5,7 @@ its processes (bert_jax/__init__.py). Shown with a stand-in `triton` package on 
 import kills the process with SIGSEGV, as the real one does after TensorFlow: without the guard
 the parity path (TensorFlow, then a transformers model's forward and backward) dies; with
 `import bert_jax` first it runs."""
+import importlib.util
 import os
 import signal
 import subprocess
@@ -56,3 +57,16 @@ def test_a_bert_jax_process_never_imports_triton(tmp_path):
   assert done.returncode == 0, done.stdout + done.stderr
   assert "survived" in done.stdout
   assert not (tmp_path / "imported").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="no real triton installed (torch's CPU-only build)")
+def test_with_the_real_triton_installed_the_parity_path_runs():
+  # Where `pip install -e ".[test]"` gave torch's default build (as README's command and CI do).
+  done = subprocess.run(
+      [sys.executable, "-c", "import bert_jax\n" + PARITY_PATH
+       + "import sys\nassert sys.modules.get('triton') is None\n"],
+      env={k: v for k, v in os.environ.items() if k != "BERT_JAX_ALLOW_TRITON"},
+      capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert "survived" in done.stdout

@@ -13,24 +13,15 @@ import math
 from benchmarks.time_to_quality import common, prepared
 
 
-def glu_width(intermediate_size: int) -> int:
-  """The GLU width that gives the MLP BERT's weights: 2/3 of BERT's intermediate size (a GLU has
-  three matrices to BERT's two), rounded to a multiple of 64 (mini: 1,024 -> 704)."""
-  return 64 * max(1, round(2 * intermediate_size / 3 / 64))
-
-
 def model_config(args, info: dict):
-  """The ModernBERT-family model of about BERT-`--size`'s size: its layers, width and heads, the
-  GLU width of `glu_width`, every third layer global (layers 0 and 3 of 4) and the others in a
-  `--local_attention`-token window, both rotary bases 10,000 (ModernBERT's pretrain phase), no
-  dropout, the vocabulary's [PAD]. BERT-mini's: 5.34M parameters against BertForPreTraining's
-  5.48M (encoder layers 3.21M against 3.16M)."""
-  from bert_jax.model.config import BertConfig
-  shape = BertConfig.named(args.size)
-  return BertConfig.named(
-      "modernbert-base", num_hidden_layers=shape.num_hidden_layers,
-      hidden_size=shape.hidden_size, num_attention_heads=shape.num_attention_heads,
-      intermediate_size=glu_width(shape.intermediate_size), vocab_size=info["vocab_size"],
+  """The ModernBERT-family model of about BERT-`--size`'s size (`config.modern_counterpart`: its
+  layers, width and heads, the GLU width that keeps the MLP's weights, every third layer global
+  (layers 0 and 3 of 4) and the others in a `--local_attention`-token window), both rotary bases
+  10,000 (ModernBERT's pretrain phase), no dropout, the vocabulary's [PAD]. BERT-mini's: 5.34M
+  parameters against BertForPreTraining's 5.48M (encoder layers 3.21M against 3.16M)."""
+  from bert_jax.model.config import BertConfig, modern_counterpart
+  return modern_counterpart(
+      BertConfig.named(args.size), vocab_size=info["vocab_size"],
       local_attention=args.local_attention, global_rope_theta=10_000.0,
       local_rope_theta=10_000.0, pad_token_id=prepared.contiguous_info(args.out)["special"]["pad"],
       dtype="float32")

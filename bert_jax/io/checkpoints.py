@@ -279,7 +279,7 @@ def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]
   them, BertModel's (no prefix: a task model such as BertForSequenceClassification takes these
   under `bert.`, see `bert_jax.tasks.tools.serving`). A ModernBERT config gives
   ModernBertForMaskedLM's keys (`model.`, `head.`, `decoder.`) or ModernBertModel's."""
-  flat = flatten(_per_layer(params, config))
+  flat = flatten(per_layer(params, config))
   if config.is_modern:
     return modern_checkpoints.huggingface_state(flat)
   has_heads = any(k.startswith("cls/") for k in flat)
@@ -326,7 +326,7 @@ def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None
   """
   filesystem.makedirs(directory)
   state = huggingface_state(config, params)
-  has_heads = "cls" in _per_layer(params, config)
+  has_heads = "cls" in per_layer(params, config)
   save_safetensors(state, filesystem.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
   if config.is_modern:
@@ -404,7 +404,7 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   import tensorflow as tf
   directory = filesystem.dirname(filesystem.absolute(prefix))
   filesystem.makedirs(directory)
-  variables = _flat_to_tf(flatten(_per_layer(params, config)))
+  variables = _flat_to_tf(flatten(per_layer(params, config)))
   with filesystem.local_directory_target(directory) as local:
     with tf.Graph().as_default():
       tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
@@ -427,7 +427,7 @@ def save_pretrained(config: BertConfig, params: Dict, directory: str) -> None:
   """This project's export: `bert_jax_config.json` + `params.safetensors` (flat names)."""
   filesystem.makedirs(directory)
   flat = {k: np.ascontiguousarray(v, np.float32)
-          for k, v in flatten(_per_layer(params, config)).items()}
+          for k, v in flatten(per_layer(params, config)).items()}
   save_safetensors(flat, filesystem.join(directory, OWN_PARAMS))
   write_config(config, filesystem.join(directory, OWN_CONFIG), include_runtime=True)
 
@@ -439,7 +439,8 @@ def _load_own(directory: str) -> Tuple[BertConfig, Dict]:
   return config, params
 
 
-def _per_layer(params: Dict, config: BertConfig) -> Dict:
+def per_layer(params: Dict, config: BertConfig) -> Dict:
+  """Params of `config`'s model (host or device arrays, either layout) per layer, under `bert`."""
   params = jax.tree_util.tree_map(np.asarray, params)
   encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
   if "layer" in encoder:
@@ -568,7 +569,7 @@ def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:
     params = checkpointer.restore_params(step)
   finally:
     checkpointer.close()
-  flat = flatten(_per_layer(params, config))
+  flat = flatten(per_layer(params, config))
   logging.info("Loaded params of step %d from %s", step, workdir)
   return config, check_and_unflatten(flat, config, f"{workdir} (step {step})")
 

@@ -281,3 +281,23 @@ def modern_defaults() -> Dict[str, Any]:
               classifier_pooling="mean", global_attn_every_n_layers=3, local_attention=128,
               global_rope_theta=160_000.0, local_rope_theta=10_000.0,
               initializer_range=0.02, initializer_cutoff_factor=2.0, pad_token_id=50283)
+
+
+def glu_width(intermediate_size: int) -> int:
+  """The GLU width that gives a MLP BERT's weights: 2/3 of BERT's intermediate size (a GLU has
+  three matrices to BERT's two), rounded to a multiple of 64 (mini: 1,024 -> 704; tiny: 512 ->
+  320)."""
+  return 64 * max(1, round(2 * intermediate_size / 3 / 64))
+
+
+def modern_counterpart(bert: BertConfig, **overrides) -> BertConfig:
+  """The ModernBERT-family model of about `bert`'s size, for comparing the two blocks: `bert`'s
+  layers, width, heads, vocabulary and compute settings, the MLP's weights kept (`glu_width`),
+  ModernBERT's other fields (`modern_defaults`: every third layer global, no biases, no dropout);
+  `overrides` last (e.g. the window, the rotary bases, the vocabulary's [PAD])."""
+  fields = dict(modern_defaults(), num_hidden_layers=bert.num_hidden_layers,
+                hidden_size=bert.hidden_size, num_attention_heads=bert.num_attention_heads,
+                intermediate_size=glu_width(bert.intermediate_size), vocab_size=bert.vocab_size,
+                **{name: getattr(bert, name) for name in BertConfig.RUNTIME_FIELDS})
+  fields.update(overrides)
+  return BertConfig(**fields)

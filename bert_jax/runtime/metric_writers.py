@@ -13,10 +13,14 @@ loop calls before every checkpoint (so that a complete checkpoint never has line
 it): lines logged after the last checkpoint are logged again by the resumed run anyway.
 TensorBoard's event file is handled the same way there: written to a local folder, and uploaded
 at `flush()` and `close()` through the filesystem's checked copy (TensorFlow's own writer checks
-nothing it uploads), so a file the store did not keep fails the checkpoint, naming it.
+nothing it uploads), so a file the store did not keep fails the checkpoint, naming it. The
+local folder is removed at `close()`; the folders of processes killed before it are removed by the
+next writer on the machine (their names carry the writing process's id).
 """
+import glob
 import json
 import math
+import os
 import shutil
 import tempfile
 from typing import Dict, List, Optional
@@ -27,6 +31,31 @@ from bert_jax.io import filesystem
 from bert_jax.runtime import outputs
 
 METRICS_FILE = "metrics.jsonl"
+# The local event-file folders of writers to Cloud Storage: PREFIX<pid>_<random>.
+TENSORBOARD_BUFFER_PREFIX = "bert_jax_tensorboard_"
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:   # another user's process
+    return True
+  return True
+
+
+def remove_orphaned_buffers(directory: Optional[str] = None) -> List[str]:
+  """Removes the event-file folders (in `directory`, default the temporary directory) whose
+  writing process no longer runs (killed before `close()`); returns them."""
+  removed = []
+  pattern = os.path.join(directory or tempfile.gettempdir(), TENSORBOARD_BUFFER_PREFIX + "*_*")
+  for path in glob.glob(pattern):
+    pid = os.path.basename(path)[len(TENSORBOARD_BUFFER_PREFIX):].split("_")[0]
+    if pid.isdigit() and not _running(int(pid)):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed
 
 # Fields that depend on wall-clock time or on where the logging window began (a resumed run's
 # first window is shorter: pairs_per_row averages other steps); everything else is a pure
@@ -78,7 +107,10 @@ class MetricWriter:
     self._truncate_after(workdir, resume_step)
     try:
       import tensorflow as tf
-      local = tempfile.mkdtemp(prefix="bert_jax_tensorboard_") if self._buffered else None
+      local = None
+      if self._buffered:
+        remove_orphaned_buffers()
+        local = tempfile.mkdtemp(prefix=f"{TENSORBOARD_BUFFER_PREFIX}{os.getpid()}_")
       self._tb = tf.summary.create_file_writer(local or self._tb_dir)
       self._tb_local = local
     except Exception as e:  # pylint: disable=broad-except

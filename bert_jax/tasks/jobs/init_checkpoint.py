@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.io import checkpoints
+from bert_jax.model import growth
 from bert_jax.model.config import BertConfig
 
 # The fields a checkpoint's architecture must share with the run's model to be loaded into it.
@@ -25,17 +26,31 @@ _SHARED_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_hidden_layer
                   "num_attention_heads", "intermediate_size", "type_vocab_size")
 
 
-def load_init_checkpoint(source: str, params, ours: BertConfig):
+def load_init_checkpoint(source: str, params, ours: BertConfig, tiling: str = ""):
   """`params` (a fresh model's, host arrays) with the encoder of `source` and each pre-training
   head it has (MLM `cls/predictions`, NSP `cls/seq_relationship`); a head it lacks keeps its fresh
-  initialisation, and the run says which. `ours`: the run's model config."""
+  initialisation, and the run says which. `ours`: the run's model config. `tiling` (a mode of
+  `bert_jax.model.growth`): `source` is a smaller model of the same family and vocabulary, and
+  every parameter is grown from it (ModernBERT-large from base)."""
   loaded_config, loaded = checkpoints.load_pretrained(source)
+  if tiling:
+    try:
+      growth.check_growable(loaded_config, ours)
+    except ValueError as e:
+      raise ValueError(f"init_checkpoint {source} with config.init_tiling={tiling!r}: {e}"
+                       ) from None
+    fresh = checkpoints.per_layer(flax.core.unfreeze(params), ours)
+    grown = growth.grow(loaded, loaded_config, fresh, ours, tiling)
+    print(f"init_checkpoint {source}: every parameter grown from its "
+          f"{loaded_config.num_hidden_layers} x {loaded_config.hidden_size} model by {tiling}",
+          flush=True)
+    return jax.tree_util.tree_map(jnp.asarray, checkpoints.to_model_layout(grown, ours))
   for field in _SHARED_FIELDS:
     if getattr(loaded_config, field) != getattr(ours, field):
       raise ValueError(f"init_checkpoint {source}: {field}="
                        f"{getattr(loaded_config, field)} but config.model.{field}="
                        f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
-                       "checkpoint's architecture)")
+                       "checkpoint's architecture; config.init_tiling grows a smaller one)")
   # Rotary positions have no table: a ModernBERT phase may run longer than the one before it.
   if (not ours.is_modern
       and loaded_config.max_position_embeddings != ours.max_position_embeddings):
@@ -56,11 +71,12 @@ def load_init_checkpoint(source: str, params, ours: BertConfig):
   return jax.tree_util.tree_map(jnp.asarray, merged)
 
 
-def warm_start(source: str, ours: BertConfig, tx, state, par):
+def warm_start(source: str, ours: BertConfig, tx, state, par, tiling: str = ""):
   """`Job.warm_start` of a fresh run: the state placed on the mesh by `par` with the parameters
-  of `source` (`load_init_checkpoint`) and a new optimizer state for them."""
+  of `source` (`load_init_checkpoint`, grown by `tiling` when given) and a new optimizer state
+  for them."""
   host = jax.device_get(par.checkpointable(state))
-  params = load_init_checkpoint(source, host.params, ours)
+  params = load_init_checkpoint(source, host.params, ours, tiling)
   print(f"Initialised from {source}", flush=True)
   return par.place_state(host.replace(params=params, opt_state=tx.init(params)))
 

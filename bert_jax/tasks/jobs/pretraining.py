@@ -27,7 +27,7 @@ import numpy as np
 from bert_jax import parallel
 from bert_jax.io import filesystem
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import families, flops, kernels, modeling
+from bert_jax.model import families, flops, growth, kernels, modeling
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import batch_ramp, config_names, optim, outputs
@@ -474,7 +474,8 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       # Where training starts from (continued pre-training: the released model on this corpus).
       eval_first=bool(config.eval_before_training),
       warm_start=(functools.partial(init_checkpoint.warm_start, config.init_checkpoint,
-                                    bert_config_from(config), tx)
+                                    bert_config_from(config), tx,
+                                    tiling=config.init_tiling)
                   if config.init_checkpoint else None),
       throughput=_throughput(config),
       console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "batch_size"))
@@ -502,5 +503,12 @@ def job_config(config: ml_collections.ConfigDict,
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Fails before any work on a field that names another concept's field."""
+  """Fails before any work on a field that names another concept's field, or an unknown mode."""
   config_names.check(config)
+  if config.init_tiling and config.init_tiling not in growth.MODES:
+    raise ValueError(f"config.init_tiling={config.init_tiling!r}: expected '' or one of "
+                     f"{growth.MODES}")
+  if config.init_tiling and (not config.init_checkpoint or config.model_from_checkpoint):
+    raise ValueError("config.init_tiling grows config.model from config.init_checkpoint: set "
+                     "config.init_checkpoint (a smaller model) and keep "
+                     "config.model_from_checkpoint=False")
