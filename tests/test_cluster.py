@@ -202,7 +202,10 @@ def test_the_placeholders_libtpu_really_leaves_are_scrubbed_and_make_no_pod(tmp_
       sys.stdout.write(out)
       """)
   env = {k: v for k, v in os.environ.items() if k not in cluster.TPU_VARIABLES}
-  env.update(JAX_PLATFORMS="cpu,tpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  # ALLOW_MULTIPLE_LIBTPU_LOAD: past libtpu's one-process lockfile, which any other JAX process
+  # on the machine that probed for a TPU holds (a run in the background, another test worker).
+  env.update(JAX_PLATFORMS="cpu,tpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
   inherited = dict(entry.split("=", 1) for entry in result.stdout.split("\0") if "=" in entry)

@@ -5,7 +5,7 @@ its processes (bert_jax/__init__.py). Shown with a stand-in `triton` package on 
 import kills the process with SIGSEGV, as the real one does after TensorFlow: without the guard
 the parity path (TensorFlow, then a transformers model's forward and backward) dies; with
 `import bert_jax` first it runs."""
-import importlib.util
+import importlib.machinery
 import os
 import signal
 import subprocess
@@ -59,7 +59,8 @@ def test_a_bert_jax_process_never_imports_triton(tmp_path):
   assert not (tmp_path / "imported").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+# Looked up on the path itself: `import bert_jax` (conftest) has put None in sys.modules.
+@pytest.mark.skipif(importlib.machinery.PathFinder.find_spec("triton") is None,
                     reason="no real triton installed (torch's CPU-only build)")
 def test_with_the_real_triton_installed_the_parity_path_runs():
   # Where `pip install -e ".[test]"` gave torch's default build (as README's command and CI do).
