@@ -119,15 +119,19 @@ class CommonEval:
   column: str                 # its column in the table
   overrides: Dict[str, Any]   # of the variant's pre-training config
   instances: str = ""         # the held-out records of this form ("": the variant's own)
+  scored: str = ""            # what it scores, for the table's note
 
 
 # `config.common_evals` names these.
 COMMON_EVALS = {
     "all_mask": CommonEval("common_masking_eval", "held-out MLM acc, all [MASK]",
-                           {"data.mask_mixture": COMMON_MASKING}),
-    "pairs": CommonEval("eval_pairs", "held-out MLM acc at 15%, pairs", BERT_HELD_OUT, "pairs"),
-    "text": CommonEval("eval_text", "held-out MLM acc at 15%, text", BERT_HELD_OUT,
-                       "contiguous"),
+                           {"data.mask_mixture": COMMON_MASKING},
+                           scored=f"one masking for all ({COMMON_MASKING}: every target [MASK], "
+                                  "the same positions)"),
+    "pairs": CommonEval("eval_pairs", "held-out MLM acc at 15%, pairs", BERT_HELD_OUT, "pairs",
+                        "BERT's 15% (80/10/10) on the held-out documents as NSP pairs"),
+    "text": CommonEval("eval_text", "held-out MLM acc at 15%, text", BERT_HELD_OUT, "contiguous",
+                       "BERT's 15% (80/10/10) on the same documents as contiguous text"),
 }
 
 
@@ -263,11 +267,9 @@ def run_variant(config, name: str, workdir: str, vocab_file: str,
   return result
 
 
-def results_table(results: Dict[str, Dict], seeds: int,
-                  evals: Optional[List[CommonEval]] = None) -> str:
+def results_table(results: Dict[str, Dict], seeds: int, evals: List[CommonEval]) -> str:
   """Ours (mean +- std over the fine-tuning seeds) beside the paper's dev numbers; a recipe
   part's row says what it changes."""
-  evals = [COMMON_EVALS["all_mask"]] if evals is None else evals
   tasks = sorted({t for r in results.values() for t in r.get("glue", {})})
   probe = any("ner_feature_based_f1" in r for r in results.values())
   papers = {name: {**PAPER_TABLE5.get(name, {}), **PAPER_C2.get(name, {})} for name in results}
@@ -293,14 +295,10 @@ def results_table(results: Dict[str, Dict], seeds: int,
     if any(papers.values()):
       cells.append("; ".join(f"{k} {v}" for k, v in papers[name].items()))
     lines.append("| " + " | ".join(cells) + " |")
-  scored = {"common_masking_eval": f"one masking for all ({COMMON_MASKING}: every target "
-                                   "[MASK], the same positions)",
-            "eval_pairs": "BERT's 15% (80/10/10) on the held-out documents as NSP pairs",
-            "eval_text": "BERT's 15% (80/10/10) on the same documents as contiguous text"}
   lines.append(f"\nGLUE dev scores x100 (the leaderboard's per-task score), mean +- sample std "
                f"over {seeds} fine-tuning seed(s); one pre-training run per variant. Held-out MLM "
                f"accuracy: on the variant's own masking (next token for LTR), then "
-               + "; ".join(scored[ev.key] for ev in evals)
+               + "; ".join(ev.scored for ev in evals)
                + (" (the same instances and positions for every variant)." if evals else "."))
   return "\n".join(lines)
 
