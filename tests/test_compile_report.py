@@ -243,6 +243,43 @@ def test_max_batch_search_uses_the_hbm_the_compiler_calls_usable(compile_report,
   assert found == largest and len(compiled) <= 14, compiled
 
 
+def test_a_batch_warm_up_compiles_the_step_after_the_ramp_and_searches_the_plain_step(
+    compile_report, monkeypatch, tmp_path):
+  """With config.batch_warmup on, --compile_for compiles the step of the final batch (its
+  micro-batches accumulated) and says so; --find_max_batch searches with the warm-up off (its
+  steps hold one micro-batch at once) and says so; a global batch that is not a whole number
+  of micro-batches is refused by name before anything compiles (it used to die in the trace)."""
+  seen = []
+
+  def report(self, global_batch, scanned_cost=True):
+    del scanned_cost
+    seen.append((global_batch, self.config.batch_warmup.start_batch_size))
+    memory = {"total_bytes": global_batch, "argument_bytes": 0, "temp_bytes": global_batch}
+    return {"fits": global_batch <= 64, "memory_per_device": memory, "compile_seconds": 0,
+            "eval_step": {"fits": True, "compile_seconds": 0}, "global_batch_size": global_batch,
+            "topology": "v5litepod-4", "topology_name": "v5e:2x2", "num_devices": 4,
+            "device_kind": "TPU v5 lite", "num_hosts": 1, "mesh": {"data": 4},
+            "device_memory_bytes": 2 ** 34}
+
+  monkeypatch.setattr(compile_report._Compiler, "report", report)
+  config = _tiny(global_batch_size=32)
+  config.batch_warmup.update(start_batch_size=8, tokens=1e6)
+  one = compile_report.run(config, str(tmp_path / "one"), "v5litepod-4")
+  assert seen == [(32, 8)]
+  assert one["batch_warmup"].startswith("the step after the ramp: 4 micro-batches of 8 rows")
+  seen.clear()
+  searched = compile_report.run(config, str(tmp_path / "search"), "v5litepod-4",
+                                search_batch=True)
+  assert searched["max_global_batch_size"] == 64
+  assert {start for _, start in seen} == {0}
+  assert searched["batch_warmup"].startswith("off for the search")
+  config.global_batch_size = 36
+  seen.clear()
+  with pytest.raises(ValueError, match=r"start_batch_size=8, config.global_batch_size=36"):
+    compile_report.run(config, str(tmp_path / "bad"), "v5litepod-4")
+  assert not seen
+
+
 def test_an_out_of_memory_error_gives_required_and_usable_bytes(compile_report):
   message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
              "temporaries (21.30G) exceeds available HBM (15.75G).\nmore")

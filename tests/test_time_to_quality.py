@@ -338,6 +338,41 @@ def test_ramp_batch_sampler_gives_each_step_its_rows_from_seeded_permutations():
   assert batches == list(hf_side.RampBatchSampler(10, [2, 2, 4, 8], seed=3))
 
 
+def test_the_transformers_sides_mask_with_the_records_ids(tmp_path):
+  """The transformers sides' tokenizer is the benchmark's vocabulary ([MASK], [CLS], [SEP] at
+  their lines, as in the records), so their collator masks with the records' [MASK], draws
+  random ids from the whole vocabulary and never masks [CLS] or [SEP]. (transformers 5 ignores
+  `vocab_file=`: the sides trained with [MASK] = 4 of a 5-token vocabulary until 2026-11-26.)"""
+  import torch
+  from bert_jax.text import tokenization
+  words = [w.lower() for w in WORDS]
+  vocab = (["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]",
+                                                              "[MASK]"] + sorted(set(words)))
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(vocab) + "\n")
+  tokenizer = hf_side.hf_tokenizer(str(path))
+  ours = tokenization.FullTokenizer(str(path), do_lower_case=True)
+  text = " ".join(words[:12])
+  assert tokenizer(text)["input_ids"][1:-1] == ours.convert_tokens_to_ids(ours.tokenize(text))
+  cls_id, sep_id, mask_id = 101, 102, 103
+  assert (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.mask_token_id) == (
+      cls_id, sep_id, mask_id)
+  rows = np.full((64, 40), sep_id)
+  rows[:, 0] = cls_id
+  rows[:, 1:-1] = np.random.default_rng(0).integers(104, len(vocab), size=(64, 38))
+  np.savez(tmp_path / "rows.npz", input_ids=rows, lengths=np.full(64, 40))
+  dataset = hf_side.InstanceDataset(str(tmp_path / "rows.npz"), tokenizer.cls_token_id,
+                                    tokenizer.sep_token_id)
+  torch.manual_seed(0)
+  batch = hf_side.mlm_collator(tokenizer, 0.3)([dataset[i] for i in range(64)])
+  inputs, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
+  chosen = labels != -100
+  assert not chosen[:, 0].any() and not chosen[:, -1].any()      # [CLS] and [SEP] kept
+  assert 0.25 < chosen.mean() * 40 / 38 < 0.35
+  assert 0.7 < (inputs[chosen] == mask_id).mean() < 0.9
+  assert inputs.max() < len(vocab) and (inputs[chosen] > mask_id).mean() > 0.1
+
+
 def test_modern_shape_matches_berts_mlp_weights():
   assert config_lib.glu_width(1024) == 704 and config_lib.glu_width(512) == 320
   assert modern.max_predictions(0.30, 128) == 40 and modern.max_predictions(0.30, 32) == 16

@@ -22,8 +22,21 @@ from benchmarks.time_to_quality import clocks, common, modern, prepared, schedul
 
 
 def hf_tokenizer(vocab_file: str):
+  """transformers' WordPiece tokenizer of the benchmark's vocabulary: the ids its collator
+  masks with ([MASK]), draws random replacements from (len) and keeps unmasked ([CLS], [SEP])
+  must be the records' ids. The vocabulary goes in by position: transformers 4 names the
+  argument `vocab_file`, 5 names it `vocab`, and 5 silently ignores `vocab_file=` (a tokenizer
+  of its 5 special tokens, [MASK] = 4: what trained the transformers sides before 2026-11-26)."""
   import transformers
-  return transformers.BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
+  tokenizer = transformers.BertTokenizerFast(vocab_file, do_lower_case=True)
+  with open(vocab_file, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f]
+  expected = {token: lines.index(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
+  got = {token: tokenizer.convert_tokens_to_ids(token) for token in expected}
+  if len(tokenizer) != len(lines) or got != expected:
+    raise ValueError(f"transformers' tokenizer of {vocab_file} has {len(tokenizer)} entries and "
+                     f"special ids {got}; the file has {len(lines)} lines and {expected}")
+  return tokenizer
 
 
 def hf_model(args, info: dict, seed: int, side: str = "transformers"):
@@ -284,6 +297,15 @@ def ramp_trainer(rows_per_step: Sequence[int], **kwargs):
   return RampTrainer(**kwargs)
 
 
+def mlm_collator(tokenizer, probability: float):
+  """transformers' masking: each token not [CLS] or [SEP] (the dataset's special_tokens_mask)
+  chosen with `probability`, then 80% [MASK], 10% a random id of the vocabulary, 10% kept."""
+  import transformers
+  return transformers.DataCollatorForLanguageModeling(
+      tokenizer, mlm=True, mlm_probability=probability, mask_replace_prob=0.8,
+      random_replace_prob=0.1)
+
+
 def hf_trainer(args, info: dict, training_args, callbacks, side: str = "transformers",
                rows_per_step: Optional[Sequence[int]] = None):
   """The side's Trainer: BERT's NSP-pair instances masked at 15%, or the contiguous rows masked
@@ -295,9 +317,7 @@ def hf_trainer(args, info: dict, training_args, callbacks, side: str = "transfor
   dataset = InstanceDataset(
       paths["train_contiguous_instances.npz" if modern_side else "train_instances.npz"],
       tokenizer.cls_token_id, tokenizer.sep_token_id)
-  collator = transformers.DataCollatorForLanguageModeling(
-      tokenizer, mlm=True, mlm_probability=args.modern_masking if modern_side else 0.15,
-      mask_replace_prob=0.8, random_replace_prob=0.1)
+  collator = mlm_collator(tokenizer, args.modern_masking if modern_side else 0.15)
   model = hf_model(args, info, args.seed, side)
   kwargs = dict(model=model, args=training_args, train_dataset=dataset, data_collator=collator,
                 callbacks=callbacks)

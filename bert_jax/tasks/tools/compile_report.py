@@ -36,6 +36,13 @@ difference). `--find_max_batch` searches the largest global batch that fits (in 
 the data axis and `grad_accum_steps`), extrapolating the memory of the batches compiled so far
 to the usable HBM and checking the boundary with real compiles.
 
+With a batch warm-up (`config.batch_warmup.start_batch_size` > 0, pre-training) the step
+compiled is the one after the ramp: the global batch as config.global_batch_size / start
+micro-batches accumulated (`batch_warmup` in the report); every step of the ramp holds one such
+micro-batch at once, so it needs no more memory. `--find_max_batch` then searches the plain step
+(the warm-up off: the largest batch it finds is the largest micro-batch, start_batch_size /
+grad_accum_steps rows at once, that fits) and says so.
+
 With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the FLOPs and bytes
 (and so the roofline) then come from the same step unrolled at 1 and 2 layers, extrapolated to
 L (`cost_analysis` in the report says so); memory is always the real scanned step's.
@@ -53,7 +60,7 @@ from bert_jax import parallel
 from bert_jax.io import filesystem, training_checkpoints
 from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
-from bert_jax.runtime import config_names, outputs
+from bert_jax.runtime import batch_ramp, config_names, outputs
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Job
 from bert_jax.tasks import registry
@@ -320,6 +327,17 @@ def find_max_batch(config, target: _Target) -> Dict[str, Any]:
   return best
 
 
+def batch_warmup_rows(config) -> int:
+  """The batch warm-up's micro-batch (config.batch_warmup.start_batch_size; 0 when off or when
+  the task has no warm-up), checked against the global batch as a run checks it
+  (`batch_ramp.from_config`: an error that names the fields)."""
+  warmup = config.get("batch_warmup")
+  if warmup is None or not warmup.start_batch_size:
+    return 0
+  batch_ramp.from_config(config)
+  return int(warmup.start_batch_size)
+
+
 def summary(report: Dict[str, Any]) -> str:
   gib = lambda b: f"{b / 2 ** 30:.2f} GiB" if b is not None else "?"
   lines = [f"{report['topology']} ({report['topology_name']}, {report['num_devices']} x "
@@ -354,6 +372,8 @@ def summary(report: Dict[str, Any]) -> str:
                f"{report['eval_step']['compile_seconds']} s")
   if "max_global_batch_size" in report:
     lines.append(f"  largest global batch that fits: {report['max_global_batch_size']}")
+  if "batch_warmup" in report:
+    lines.append(f"  batch warm-up: {report['batch_warmup']}")
   return "\n".join(lines)
 
 
@@ -364,9 +384,22 @@ def run(config, workdir: str, accelerator_type: str, search_batch: bool = False)
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)
   devices = topologies.slice_devices(accelerator_type)
+  warmup_rows = batch_warmup_rows(config)
+  if warmup_rows and search_batch:
+    config = config_names.replaced(config, {"batch_warmup.start_batch_size": 0})
   target = _Target(accelerator_type, spec, parallel.JitParallel(config, devices))
   report = (find_max_batch(config, target) if search_batch
             else compile_steps(config, target, config.global_batch_size))
+  if warmup_rows and search_batch:
+    report["batch_warmup"] = (
+        f"off for the search: a step of the warm-up holds start_batch_size / grad_accum_steps "
+        f"= {warmup_rows} / {config.grad_accum_steps} rows at once, which must not exceed the "
+        f"largest batch found")
+  elif warmup_rows:
+    report["batch_warmup"] = (
+        f"the step after the ramp: {config.global_batch_size // warmup_rows} micro-batches of "
+        f"{warmup_rows} rows (start_batch_size) accumulated; every step holds start_batch_size / "
+        f"grad_accum_steps = {warmup_rows // config.grad_accum_steps} rows at once")
   print(summary(report), flush=True)
   if outputs.is_writer():
     workdir = filesystem.absolute(workdir)
