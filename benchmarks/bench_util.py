@@ -50,12 +50,13 @@ def swapped(replacements: Iterable[Tuple[object, str, object]]):
       setattr(module, attr, value)
 
 
-def matmul_flops_per_sec(n: int = 2048, steps: int = 10) -> float:
-  """float32 n^3 matmul rate of this machine through XLA (the denominator of utilisation)."""
+def matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32") -> float:
+  """n^3 matmul rate of this machine through XLA in `dtype` (float32 accumulation for
+  bfloat16): the denominator of utilisation."""
   import jax
   import jax.numpy as jnp
-  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
+  a = jnp.asarray(np.random.RandomState(0).randn(n, n), dtype)
+  f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
   sec = interleaved_best({"matmul": lambda: f(a).block_until_ready()}, rounds=3,
                          steps=steps)["matmul"]
   return 2 * n ** 3 / sec

@@ -4,13 +4,17 @@ r"""ModernBERT-class pre-training step: bert_jax vs transformers' `ModernBertFor
 
 Both sides train the same ModernBERT-family masked LM (pre-norm, GeGLU, rotary positions, every
 third layer global and the others in a `--local_attention`-token window; vocabulary 50,368) on
-the same batch with 30% of the positions masked, AdamW, float32, on the same CPU threads.
+the same batch with 30% of the positions masked, AdamW, on the same CPU threads, in float32 or
+(`--precision=bfloat16`) mixed precision: float32 parameters and bfloat16 activations and
+matmuls, bert_jax's `config.model.dtype="bfloat16"` against the same model's forward under
+`torch.autocast("cpu", torch.bfloat16)` (PyTorch's mixed precision on a CPU).
 transformers runs its `sdpa` attention with `sparse_prediction=True` (the MLM head only at the
 masked positions, as ModernBERT trains and as bert_jax always does). bert_jax runs the step its
 pre-training job compiles (`tasks/jobs/pretraining.py`; local layers by blocks from 512 tokens).
 
 Useful FLOPs: `model.flops.modern_training_flops` (local layers counted over their band only).
-Utilisation is that over this machine's float32 2048^3 matmul rate, measured in the same run.
+Utilisation is that over this machine's 2048^3 matmul rate in the same precision, measured in the
+same run.
 The sides are timed in alternating rounds, best round each (benchmarks/bench_util.py).
 """
 import argparse
@@ -41,7 +45,7 @@ def model_config(args) -> BertConfig:
 
 
 def jax_step(args, predictions):
-  c = bench_util.modern_pretraining_config(model_config(args), dtype="float32", seq=args.seq,
+  c = bench_util.modern_pretraining_config(model_config(args), dtype=args.precision, seq=args.seq,
                                            batch=args.batch, predictions=predictions)
   job = pretraining.make_job(c)   # the very step a pre-training run trains
   state = jax.jit(job.init_state)()
@@ -67,9 +71,13 @@ def torch_step(args, predictions):
   inputs = bench_util.modern_mlm_torch_inputs(
       bench_util.modern_mlm_batch(args.batch, args.seq, predictions, VOCAB))
 
+  autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bfloat16")
+
   def one():
     opt.zero_grad(set_to_none=True)
-    model(**inputs).loss.backward()
+    with autocast:
+      loss = model(**inputs).loss
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
@@ -86,10 +94,11 @@ def main():
   parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
   parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best counts")
   parser.add_argument("--threads", type=int, default=os.cpu_count())
+  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
   args = parser.parse_args()
   predictions = int(round(MASK_RATE * (args.seq - 2)))
-  peak = bench_util.matmul_flops_per_sec()
-  print(f"{bench_util.machine_line()}; float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s",
+  peak = bench_util.matmul_flops_per_sec(dtype=args.precision)
+  print(f"{bench_util.machine_line()}; {args.precision} 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s",
         flush=True)
   sec = bench_util.interleaved_best({"bert_jax": jax_step(args, predictions),
                                      "transformers": torch_step(args, predictions)},
@@ -97,7 +106,7 @@ def main():
   useful = flops.modern_training_flops(model_config(args), rows=args.batch, seq_len=args.seq,
                                        predictions=args.batch * predictions)
   print(json.dumps({
-      "layers": args.layers, "hidden": args.hidden, "local_attention": args.local_attention,
+      "precision": args.precision, "layers": args.layers, "hidden": args.hidden, "local_attention": args.local_attention,
       "batch": args.batch, "seq": args.seq, "masked": predictions,
       "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
       "transformers_steps_per_sec": round(1 / sec["transformers"], 3),
