@@ -106,7 +106,8 @@ def main():
   useful = flops.modern_training_flops(model_config(args), rows=args.batch, seq_len=args.seq,
                                        predictions=args.batch * predictions)
   print(json.dumps({
-      "precision": args.precision, "layers": args.layers, "hidden": args.hidden, "local_attention": args.local_attention,
+      "precision": args.precision, "layers": args.layers, "hidden": args.hidden,
+      "local_attention": args.local_attention,
       "batch": args.batch, "seq": args.seq, "masked": predictions,
       "bert_jax_steps_per_sec": round(1 / sec["bert_jax"], 3),
       "transformers_steps_per_sec": round(1 / sec["transformers"], 3),

@@ -28,14 +28,14 @@ def hf_tokenizer(vocab_file: str):
   argument `vocab_file`, 5 names it `vocab`, and 5 silently ignores `vocab_file=` (a tokenizer
   of its 5 special tokens, [MASK] = 4: what trained the transformers sides before 2026-11-26)."""
   import transformers
+  from bert_jax.text import tokenization
   tokenizer = transformers.BertTokenizerFast(vocab_file, do_lower_case=True)
-  with open(vocab_file, encoding="utf-8") as f:
-    lines = [line.rstrip("\n") for line in f]
-  expected = {token: lines.index(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
+  vocab = tokenization.load_vocab(vocab_file)
+  expected = {token: vocab[token] for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
   got = {token: tokenizer.convert_tokens_to_ids(token) for token in expected}
-  if len(tokenizer) != len(lines) or got != expected:
+  if len(tokenizer) != len(vocab) or got != expected:
     raise ValueError(f"transformers' tokenizer of {vocab_file} has {len(tokenizer)} entries and "
-                     f"special ids {got}; the file has {len(lines)} lines and {expected}")
+                     f"special ids {got}; the file has {len(vocab)} and {expected}")
   return tokenizer
 
 

@@ -384,22 +384,22 @@ def run(config, workdir: str, accelerator_type: str, search_batch: bool = False)
     raise ValueError("--compile_for compiles config.parallelism='jit' (the mesh strategy)")
   spec = topologies.parse(accelerator_type)
   devices = topologies.slice_devices(accelerator_type)
-  warmup_rows = batch_warmup_rows(config)
+  warmup_rows, warmup_note = batch_warmup_rows(config), None
   if warmup_rows and search_batch:
     config = config_names.replaced(config, {"batch_warmup.start_batch_size": 0})
+    warmup_note = (f"off for the search: a step of the warm-up holds start_batch_size / "
+                   f"grad_accum_steps = {warmup_rows} / {config.grad_accum_steps} rows at once, "
+                   f"which must not exceed the largest batch found")
+  elif warmup_rows:
+    warmup_note = (f"the step after the ramp: {config.global_batch_size // warmup_rows} "
+                   f"micro-batches of {warmup_rows} rows (start_batch_size) accumulated; every "
+                   f"step holds start_batch_size / grad_accum_steps = "
+                   f"{warmup_rows // config.grad_accum_steps} rows at once")
   target = _Target(accelerator_type, spec, parallel.JitParallel(config, devices))
   report = (find_max_batch(config, target) if search_batch
             else compile_steps(config, target, config.global_batch_size))
-  if warmup_rows and search_batch:
-    report["batch_warmup"] = (
-        f"off for the search: a step of the warm-up holds start_batch_size / grad_accum_steps "
-        f"= {warmup_rows} / {config.grad_accum_steps} rows at once, which must not exceed the "
-        f"largest batch found")
-  elif warmup_rows:
-    report["batch_warmup"] = (
-        f"the step after the ramp: {config.global_batch_size // warmup_rows} micro-batches of "
-        f"{warmup_rows} rows (start_batch_size) accumulated; every step holds start_batch_size / "
-        f"grad_accum_steps = {warmup_rows // config.grad_accum_steps} rows at once")
+  if warmup_note:
+    report["batch_warmup"] = warmup_note
   print(summary(report), flush=True)
   if outputs.is_writer():
     workdir = filesystem.absolute(workdir)
