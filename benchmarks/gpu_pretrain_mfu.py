@@ -4,7 +4,7 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
   python -m benchmarks.gpu_pretrain_mfu --size=base --seq=512 --batch=64 --packing=both
   python -m benchmarks.gpu_pretrain_mfu --peer=none --variants=current,bf16_attention_logits
   python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=base --seq=1024 --batch=32 \
-      --variants=current,xla_attention --peer=torch,torch_compile
+      --variants=current,xla_attention --peer=torch,torch_compile   # BERT_JAX_ALLOW_TRITON=1
 
 bert_jax's pre-training step (AdamW, dropout on, bfloat16 compute with float32 master weights;
 the job `tasks.registry.job` gives, placed and compiled as a run does: `runtime.job.state_and_step`)
@@ -42,6 +42,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.55")  # the PyTorch peer needs the rest
@@ -273,12 +274,17 @@ def torch_modern_step(args, batch, compiled: bool):
 def run_modern(args, kind: str, peak: float, matmul: float) -> None:
   """The ModernBERT-family step of each variant and the transformers peers, timed in the same
   interleaved rounds on full rows; one JSON line per side."""
+  peers = [p for p in args.peer.split(",") if p != "none"]
+  if "torch_compile" in peers and sys.modules.get("triton", False) is None:
+    # bert_jax keeps Triton out of its processes (bert_jax/__init__.py: TensorFlow and Triton
+    # cannot share one); this benchmark never imports TensorFlow, so it may let Triton in.
+    raise SystemExit("--peer=torch_compile needs Triton (torch.compile's GPU kernels): run "
+                     "with BERT_JAX_ALLOW_TRITON=1")
   batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred, MODERN_VOCAB)
   variants = args.variants.split(",")
   fns, implementation = {}, {}
   for variant in variants:
     fns[variant], implementation[variant] = jax_step(args, batch, variant)
-  peers = [p for p in args.peer.split(",") if p != "none"]
   for peer in peers:
     fns[peer] = torch_modern_step(args, batch, compiled=peer == "torch_compile")
   sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},

@@ -15,10 +15,12 @@ import gzip
 import json
 import os
 
-# Substrings of kernel names, checked in order; the first match names the kind.
+# Substrings of kernel names, checked in order; the first match names the kind. Attention comes
+# first: cuDNN's fused attention kernels carry matmul-like names too
+# (`cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_...`).
 KINDS = (
-    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "sm80_", "ampere_", "cublas", "dot")),
     ("attention", ("fmha", "flash", "cudnn", "sdpa", "attention")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "sm80_", "ampere_", "cublas", "dot")),
     ("copy", ("memcpy", "memset", "copy", "transpose")),
     ("random", ("rng", "random", "philox", "threefry")),
     ("reduction", ("reduce", "scatter")),

@@ -91,6 +91,10 @@ def get_config() -> ml_collections.ConfigDict:
   # the optimizer moments split along `data` as well, gathered layer by layer inside the step.
   # Each chip keeps 1/data of the state; the math is the same (bert_jax/parallel/sharding.py).
   c.fsdp = False
+  # ZeRO-1: only the optimizer moments split along `data`; the parameters stay whole on every
+  # chip, each chip updates its 1/data and the new parameters are all-gathered. Cheaper than
+  # fsdp where the step has few activations per chip (docs/tpu.md). Implied by fsdp.
+  c.shard_optimizer_state = False
   # Override of bert_jax.parallel.sharding.DEFAULT_RULES: pairs (logical axis name, mesh axis or
   # None), e.g. (("vocab", None), ("joined_kv", "model"), ("mlp", "model")); () = the defaults.
   c.logical_axis_rules = ()

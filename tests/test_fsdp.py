@@ -1,7 +1,8 @@
-"""config.fsdp: the train state's matrices split along `data` too (ZeRO-3), and nothing else
-changes: on 8 simulated CPU devices (a subprocess) the pre-training loop gives the losses and
-parameters of the replicated state, alone and with tensor parallelism; a checkpoint written with
-one setting resumes with the other; `load_pretrained` reads an fsdp workdir.
+"""config.fsdp: the train state's matrices split along `data` too (ZeRO-3), and
+config.shard_optimizer_state: the optimizer moments alone (ZeRO-1); nothing else changes: on 8
+simulated CPU devices (a subprocess) the pre-training loop gives the losses and parameters of the
+replicated state, alone and with tensor parallelism; a checkpoint written with one setting
+resumes with the other; `load_pretrained` reads an fsdp workdir.
 
 Run as a script (`python tests/test_fsdp.py OUT_DIR`) it is that subprocess.
 """
@@ -22,11 +23,12 @@ STEPS = 20
 QUERY = "bert/encoder/layer_0/attention/self/query/kernel"
 
 
-def test_fsdp_with_pmap_is_a_clear_error():
+@pytest.mark.parametrize("field", ["fsdp", "shard_optimizer_state"])
+def test_a_sharded_state_with_pmap_is_a_clear_error(field):
   from bert_jax import parallel
   from tests.test_train_step import tiny_config
-  with pytest.raises(ValueError, match="config.fsdp=True.*parallelism='jit'"):
-    parallel.create(tiny_config(parallelism="pmap", fsdp=True))
+  with pytest.raises(ValueError, match=f"config.{field}=True.*parallelism='jit'"):
+    parallel.create(tiny_config(parallelism="pmap", **{field: True}))
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +54,24 @@ def test_the_state_is_split_along_data(report):
   assert report["specs"]["8x1"][QUERY][0] == [None, None]
 
 
+def test_zero1_splits_the_moments_and_keeps_the_parameters_whole(report):
+  specs = report["specs"]["8x1 zero1"]
+  kernel, mu, nu = specs[QUERY]
+  assert kernel == [None, None] and mu == nu == ["data", None], specs[QUERY]
+  assert specs["bert/encoder/layer_0/intermediate/dense/kernel"][1:] == [[None, "data"]] * 2
+  assert specs["bert/encoder/layer_0/attention/self/query/bias"][1] == [None]   # vectors stay
+
+
 def test_fsdp_trains_as_the_replicated_state(report):
   losses = report["losses"]
   assert len(losses["8x1"]) == STEPS
-  for name in ("8x1 fsdp", "4x2 fsdp"):
+  for name in ("8x1 fsdp", "4x2 fsdp", "8x1 zero1"):
     np.testing.assert_allclose(losses[name], losses["8x1"], rtol=1e-5, err_msg=name)
     assert report["max_param_diff"][name] < 1e-5, name
 
 
 def test_a_checkpoint_resumes_with_the_other_setting(report):
-  for name in ("fsdp -> replicated", "replicated -> fsdp"):
+  for name in ("fsdp -> replicated", "replicated -> fsdp", "zero1 -> replicated"):
     np.testing.assert_allclose(report["losses"][name], report["losses"]["8x1"], rtol=1e-5,
                                err_msg=name)
     assert report["max_param_diff"][name] < 1e-5, name
@@ -106,10 +116,13 @@ def main(out_dir):
   from tests.test_train_step import tiny_config
   assert jax.device_count() == 8, jax.devices()
   runs = {"8x1": _run(out_dir, "8x1"), "8x1 fsdp": _run(out_dir, "8x1 fsdp", fsdp=True),
-          "4x2 fsdp": _run(out_dir, "4x2 fsdp", fsdp=True, model_parallelism=2)}
+          "4x2 fsdp": _run(out_dir, "4x2 fsdp", fsdp=True, model_parallelism=2),
+          "8x1 zero1": _run(out_dir, "8x1 zero1", shard_optimizer_state=True)}
   resumed = {"fsdp -> replicated": _resume(out_dir, runs["8x1 fsdp"][0], "fsdp -> replicated"),
              "replicated -> fsdp": _resume(out_dir, runs["8x1"][0], "replicated -> fsdp",
-                                           fsdp=True)}
+                                           fsdp=True),
+             "zero1 -> replicated": _resume(out_dir, runs["8x1 zero1"][0],
+                                            "zero1 -> replicated")}
   flat = lambda workdir: checkpoints.flatten(checkpoints.load_pretrained(workdir)[1])
   base = flat(runs["8x1"][0])
   workdirs = {name: run[0] for name, run in runs.items()}
@@ -123,7 +136,8 @@ def main(out_dir):
     report["max_param_diff"][name] = max(float(np.abs(np.asarray(params[k]) - base[k]).max())
                                          for k in base)
   for name, overrides in (("8x1", {}), ("8x1 fsdp", {"fsdp": True}),
-                          ("4x2 fsdp", {"fsdp": True, "model_parallelism": 2})):
+                          ("4x2 fsdp", {"fsdp": True, "model_parallelism": 2}),
+                          ("8x1 zero1", {"shard_optimizer_state": True})):
     config = tiny_config(**overrides)
     state, _, _ = _setup(config, parallel.create(config))
     report["specs"][name], report["shard_shapes"][name] = _layout(state)

@@ -24,3 +24,21 @@ def test_jit_mesh_and_pmap_match_a_single_device():
   np.testing.assert_allclose(report["pmap"], report["single"], rtol=1e-5)
   assert report["max_param_diff"]["jit"] < 1e-5
   assert report["max_param_diff"]["pmap"] < 1e-5
+
+
+def test_zero1_pins_the_gradients_only_while_its_step_is_traced(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  from bert_jax.parallel import sharding
+  pinned = []   # (one device here: jax would drop a real constraint, so it is recorded instead)
+  monkeypatch.setattr(jax.lax, "with_sharding_constraint",
+                      lambda x, target: pinned.append(target) or x)
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), (sharding.DATA_AXIS,))
+  target = {"w": sharding.replicated(mesh)}
+  grads = {"w": jnp.ones((4, 4))}
+  assert sharding.placed_gradients(grads) is grads and not pinned
+  with sharding.gradients_placed_like(target):
+    sharding.placed_gradients(grads)
+  assert pinned == [target]
+  sharding.placed_gradients(grads)
+  assert pinned == [target]    # the context is left as it was found

@@ -34,6 +34,15 @@ def test_summary_counts_device_stream_kernels_per_step_by_kind(tmp_path):
   assert text.splitlines()[-3].split() == ["0.600", "1.0", "matmul", "nvjet_sm90_tst_128x128"]
 
 
+@pytest.mark.parametrize("name, kind", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
+    ("void cudnn::fusion::fmha_dbias<true>(void const*)", "attention"),
+    ("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT", "matmul"),
+    ("loop_add_fusion_43", "elementwise")])
+def test_cudnn_attention_kernels_are_attention_not_matmul(name, kind):
+  assert trace_summary.kind_of(name) == kind
+
+
 def test_a_trace_without_device_kernels_names_its_threads(tmp_path):
   path = tmp_path / "t.json"
   path.write_text(json.dumps({"traceEvents": [

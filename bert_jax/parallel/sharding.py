@@ -7,6 +7,9 @@ for the global mesh, and each host contributes its own slice of the global batch
 Fully sharded data parallelism (`config.fsdp`) also splits every parameter matrix and its
 optimizer moments along `data` (`_with_fsdp`): each chip keeps 1/data of the state, the compiler
 gathers a layer's weights where they are used and reduce-scatters their gradients.
+`config.shard_optimizer_state` splits only the optimizer moments that way (ZeRO-1): the
+parameters stay whole on every chip, so the forward and backward are the replicated step's, and
+each chip updates its 1/data of the moments, the compiler all-gathering the new parameters.
 
 Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: the mesh is
 (data = devices / model_parallelism, model). Parameters carry logical axis names
@@ -14,6 +17,8 @@ Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: th
 (`DEFAULT_RULES`, or `config.logical_axis_rules`) maps them onto mesh axes, and every leaf of the
 train state that mirrors a parameter (Adam/LAMB moments) is placed like that parameter.
 """
+import contextlib
+import contextvars
 import math
 from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
@@ -143,6 +148,45 @@ def fsdp(config=None) -> bool:
   return value
 
 
+def shard_optimizer_state(config=None) -> bool:
+  """`config.shard_optimizer_state`: the optimizer moments alone sharded along `data` (ZeRO-1)."""
+  value = False if config is None else config.shard_optimizer_state
+  if not isinstance(value, bool):
+    raise ValueError(f"config.shard_optimizer_state={value!r}: expected True or False")
+  return value
+
+
+def _is_optimizer_leaf(path) -> bool:
+  """Whether a key path of the train state leads into its optimizer state (`opt_state`)."""
+  return any(getattr(key, "name", getattr(key, "key", None)) == "opt_state" for key in path)
+
+
+# Where a step that shards the optimizer state alone (ZeRO-1) puts its gradients: set while such
+# a step is traced (`gradients_placed_like`), read by the step core (`placed_gradients`).
+_GRADIENT_SHARDING = contextvars.ContextVar("gradient_sharding", default=None)
+
+
+@contextlib.contextmanager
+def gradients_placed_like(params_sharding):
+  """While a step is traced in this context, `placed_gradients` pins its gradients to
+  `params_sharding` (the parameters' own: whole on every chip). With the optimizer moments alone
+  split along `data` (ZeRO-1) the compiler would otherwise carry their split back into the
+  backward pass (each weight gradient computed split, its activations gathered for it: est. MFU
+  45.2% against the replicated step's 58.6%, ModernBERT-base at 4 layers on v5e). Pinned, the
+  backward is the replicated step's and each chip updates its slice of the whole gradient."""
+  token = _GRADIENT_SHARDING.set(params_sharding)
+  try:
+    yield
+  finally:
+    _GRADIENT_SHARDING.reset(token)
+
+
+def placed_gradients(grads):
+  """`grads` pinned where `gradients_placed_like` says; unchanged outside it."""
+  target = _GRADIENT_SHARDING.get()
+  return grads if target is None else jax.lax.with_sharding_constraint(grads, target)
+
+
 def _with_fsdp(spec: P, logical: P, shape: Tuple[int, ...], mesh: Mesh) -> P:
   """`spec` with one more dimension split along `data` (ZeRO-3 / fully sharded data parallel):
   the largest dimension that no mesh axis splits yet, that `data` divides and that is not the
@@ -164,14 +208,14 @@ def _with_fsdp(spec: P, logical: P, shape: Tuple[int, ...], mesh: Mesh) -> P:
 
 
 def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAULT_RULES,
-                    fully_sharded: bool = False):
+                    fully_sharded: bool = False, optimizer_sharded: bool = False):
   """A NamedSharding for every leaf of `abstract_state`.
 
   A leaf whose key path ends with a parameter's path and has that parameter's rank (the
   parameter itself, and optimizer leaves that mirror the parameter tree: Adam's mu/nu, LAMB's
-  moments, under any optax wrapper) is sharded by the parameter's logical axes (and, with
-  `fully_sharded`, along `data` as well: `_with_fsdp`); everything else (step, counts, skip
-  counters) is replicated.
+  moments, under any optax wrapper) is sharded by the parameter's logical axes (and along `data`
+  as well, `_with_fsdp`: every such leaf with `fully_sharded`, the optimizer's alone with
+  `optimizer_sharded`); everything else (step, counts, skip counters) is replicated.
   """
   is_spec = lambda x: isinstance(x, P)
   by_path = {tuple(path): spec for path, spec in
@@ -183,7 +227,7 @@ def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAU
       spec = by_path.get(tuple(path[-n:])) if 0 < n <= len(path) else None
       if spec is not None and len(spec) == len(leaf.shape):
         fitted = _fit(spec, leaf.shape, mesh, rules)
-        if fully_sharded:
+        if fully_sharded or (optimizer_sharded and _is_optimizer_leaf(path)):
           fitted = _with_fsdp(fitted, spec, leaf.shape, mesh)
         return NamedSharding(mesh, fitted)
     return replicated(mesh)
@@ -192,25 +236,27 @@ def state_shardings(abstract_state, param_axes, mesh: Mesh, rules: Rules = DEFAU
 
 
 def init_shardings(abstract_state, mesh: Mesh, param_axes=None, rules: Rules = DEFAULT_RULES,
-                   fully_sharded: bool = False):
+                   fully_sharded: bool = False, optimizer_sharded: bool = False):
   """Where a fresh train state of this shape lives: with `param_axes` (from `logical_axes`)
   parameters and their optimizer moments sharded by `rules` (`state_shardings`), without them
   every leaf replicated."""
   if param_axes is None:
     return jax.tree_util.tree_map(lambda _: replicated(mesh), abstract_state)
-  return state_shardings(abstract_state, param_axes, mesh, rules, fully_sharded)
+  return state_shardings(abstract_state, param_axes, mesh, rules, fully_sharded,
+                         optimizer_sharded)
 
 
 def create_sharded_state(init_fn: Callable, mesh: Mesh, param_axes=None,
                          rules: Rules = DEFAULT_RULES,
-                         fully_sharded: bool = False) -> Tuple[object, object]:
+                         fully_sharded: bool = False,
+                         optimizer_sharded: bool = False) -> Tuple[object, object]:
   """Runs `init_fn` under jit with the state placed on the mesh; returns (state, shardings).
 
   With `param_axes` (from `logical_axes`) parameters and their optimizer moments are sharded by
   `rules`, each device initialising only its own shards; without, the whole state is replicated.
   """
   abstract = jax.eval_shape(init_fn)
-  shardings = init_shardings(abstract, mesh, param_axes, rules, fully_sharded)
+  shardings = init_shardings(abstract, mesh, param_axes, rules, fully_sharded, optimizer_sharded)
   if param_axes is not None:
     _log_layout(abstract, shardings, mesh)
   state = jax.jit(init_fn, out_shardings=shardings)()

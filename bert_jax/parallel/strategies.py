@@ -5,7 +5,8 @@ evaluation step, place a host batch, turn the state into a checkpointable tree a
 training loops are written once. `config.parallelism`:
 
   jit   (default) one program for the global mesh; the batch is sharded along `data`, the state
-        replicated (or, with `config.fsdp`, its matrices split along `data` too); XLA inserts
+        replicated (or, with `config.fsdp`, its matrices split along `data` too; with
+        `config.shard_optimizer_state`, the optimizer moments only); XLA inserts
         the gradient all-reduce (reduce-scatter with fsdp). Works across hosts. With
         `config.model_parallelism` > 1 the mesh gains a `model` axis and the parameters and
         optimizer moments are sharded along it by their logical axis names (tensor
@@ -43,6 +44,15 @@ class UnderMesh:
       return self.jitted.lower(*args, **kwargs)
 
 
+def _traced_within(fn: Callable, context: Callable) -> Callable:
+  """`fn` run (and so traced, under jit) inside the context manager `context()` gives."""
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with context():
+      return fn(*args, **kwargs)
+  return wrapped
+
+
 class JitParallel:
   name = "jit"
 
@@ -50,6 +60,7 @@ class JitParallel:
     self.mesh = sharding.create_mesh(config, devices)
     self.rules = sharding.logical_axis_rules(config)
     self.fsdp = sharding.fsdp(config)
+    self.optimizer_sharded = sharding.shard_optimizer_state(config)
     self.state_sharding = None
 
   def init_state(self, init_fn: Callable, param_axes=None):
@@ -57,8 +68,8 @@ class JitParallel:
     parameters and optimizer moments are sharded by the rules (and along `data` with
     config.fsdp), without them replicated."""
     self._check_axes(param_axes)
-    state, self.state_sharding = sharding.create_sharded_state(init_fn, self.mesh, param_axes,
-                                                               self.rules, self.fsdp)
+    state, self.state_sharding = sharding.create_sharded_state(
+        init_fn, self.mesh, param_axes, self.rules, self.fsdp, self.optimizer_sharded)
     return state
 
   def abstract_init_state(self, init_fn: Callable, param_axes=None):
@@ -69,7 +80,7 @@ class JitParallel:
     self._check_axes(param_axes)
     abstract = jax.eval_shape(init_fn)
     self.state_sharding = sharding.init_shardings(abstract, self.mesh, param_axes, self.rules,
-                                                  self.fsdp)
+                                                  self.fsdp, self.optimizer_sharded)
     return sharding.abstract(abstract, self.state_sharding)
 
   def abstract_batch(self, batch):
@@ -82,8 +93,9 @@ class JitParallel:
     return sharding.abstract(tree, sharding.replicated(self.mesh))
 
   def _check_axes(self, param_axes) -> None:
-    if self.fsdp and param_axes is None:
-      raise ValueError("config.fsdp=True needs the parameters' logical axes (param_axes)")
+    for name, on in (("fsdp", self.fsdp), ("shard_optimizer_state", self.optimizer_sharded)):
+      if on and param_axes is None:
+        raise ValueError(f"config.{name}=True needs the parameters' logical axes (param_axes)")
 
   def place_state(self, host_state):
     return jax.device_put(host_state, self.state_sharding)
@@ -93,6 +105,9 @@ class JitParallel:
     return self.state_sharding.params
 
   def compile_step(self, step_fn: Callable, donate: bool = True) -> Callable:
+    if self.optimizer_sharded:   # ZeRO-1: the gradients stay where the parameters are
+      step_fn = _traced_within(step_fn, lambda: sharding.gradients_placed_like(
+          self.state_sharding.params))
     return UnderMesh(jax.jit(step_fn,
                              in_shardings=(self.state_sharding, sharding.batch_sharding(self.mesh),
                                            sharding.replicated(self.mesh)),
@@ -190,10 +205,12 @@ def create(config) -> "JitParallel | PmapParallel":
   if name == "jit":
     return JitParallel(config)
   if name == "pmap":
-    if sharding.fsdp(config):
-      raise ValueError("config.fsdp=True shards the state over the jit mesh; "
-                       "config.parallelism='pmap' keeps a whole copy per device: use "
-                       "config.parallelism='jit'")
+    for name, on in (("fsdp", sharding.fsdp(config)),
+                     ("shard_optimizer_state", sharding.shard_optimizer_state(config))):
+      if on:
+        raise ValueError(f"config.{name}=True shards the state over the jit mesh; "
+                         "config.parallelism='pmap' keeps a whole copy per device: use "
+                         "config.parallelism='jit'")
     if sharding.model_parallelism(config) > 1:
       raise ValueError(f"config.parallelism='pmap' is data-parallel only, but "
                        f"config.model_parallelism={config.model_parallelism}; use "

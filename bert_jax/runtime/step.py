@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.parallel import sharding
 from bert_jax.runtime.state import TrainState
 
 Arrays = Dict[str, jax.Array]
@@ -84,6 +85,7 @@ def train_step(state: TrainState, batch, rng, *, objective: Objective,
   grads, terms = gradients(state.params, batch, step_rng, objective, totals, grad_accum_steps)
   if axis_name:
     grads, terms = total((grads, terms))
+  grads = sharding.placed_gradients(grads)   # where the strategy wants them (ZeRO-1), else as is
   loss = objective.loss(terms, totals)
   metrics = dict({"loss": loss}, **objective.metrics(terms))
   # The name scope labels the update's operations in the compiled module (the compile report's
