@@ -66,3 +66,13 @@ def test_the_benchmark_times_the_modern_step_against_transformers_on_a_cpu():
     assert r["family"] == "modernbert" and r["masked_per_row"] == 38 and r["steps_per_sec"] > 0
   assert results[0]["attention"] == "xla" and results[2]["attention"] == "sdpa"
   assert results[0]["ratio_vs_torch"] > 0
+
+
+def test_the_torch_compile_peer_asks_for_triton_before_compiling_anything(monkeypatch):
+  # bert_jax keeps Triton out of its processes; torch.compile needs it (found on an H200).
+  import argparse
+  from benchmarks import gpu_pretrain_mfu
+  monkeypatch.setitem(sys.modules, "triton", None)   # as `import bert_jax` leaves it
+  args = argparse.Namespace(peer="torch,torch_compile")
+  with pytest.raises(SystemExit, match="BERT_JAX_ALLOW_TRITON=1"):
+    gpu_pretrain_mfu.run_modern(args, "cpu", peak=1.0, matmul=1.0)
