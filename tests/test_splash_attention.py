@@ -1,6 +1,8 @@
 """config.model.attention='splash': the Pallas TPU splash-attention kernel, run here in Pallas'
 interpret mode, computes what the XLA path computes: outputs at every real position and the
 gradients of q, k, v and of a whole tiny encoder, with padding and with packed rows."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -256,3 +258,36 @@ def test_under_a_data_and_model_mesh_the_kernel_runs_per_device():
   np.testing.assert_allclose(*report["value"], rtol=1e-5)
   assert report["grad_diff"] < 1e-4
 
+
+
+def test_compiled_for_a_tpu_the_forward_reads_its_query_ids_as_one_row():
+  """Lowered and compiled by the TPU compiler (libtpu on this CPU: Mosaic compiles the kernel),
+  the forward kernel takes the query segment ids as a [1, S] row and lays them down its rows in
+  vector memory: no [S, 128] int32 array broadcast in HBM feeds it (8.4 MB per layer at 16 x
+  1,024 tokens). The backward kernels, the library's, still take theirs."""
+  pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install 'jax[tpu]'")
+  from bert_jax.model import kernels
+  from bert_jax.parallel import hlo_profile, topologies
+  device = topologies.slice_devices("v5litepod-4")[0]
+  shape = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16,
+                               sharding=jax.sharding.SingleDeviceSharding(device))
+  ids = jax.ShapeDtypeStruct((1, 256), jnp.int32,
+                             sharding=jax.sharding.SingleDeviceSharding(device))
+
+  def loss(q, k, v, segments):
+    return jnp.sum(splash.splash_attention(q, k, v, segments).astype(jnp.float32))
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  with kernels.compiling_for("tpu"):
+    text = step.lower(shape, shape, shape, ids).compile().as_text()
+  computations = hlo_profile.parse(text)
+  shapes = {op.name: op.shape for c in computations.values() for op in c.operations}
+  kernels_called = [op for c in computations.values() for op in c.operations
+                    if op.opcode == "custom-call" and op.target == "tpu_custom_call"]
+  forward = [op for op in kernels_called if "row_residuals" in op.op_name]
+  assert len(forward) == 1 and len(kernels_called) == 3      # forward, dq, dkv
+  operands = [re.sub(r"\{[^}]*\}", "", shapes[o]) for o in forward[0].operands]
+  assert "s32[1,256]" in operands and "s32[256,128]" not in operands, operands
+  backward = [op for op in kernels_called if op is not forward[0]]
+  assert all("s32[256,128]" in [re.sub(r"\{[^}]*\}", "", shapes[o]) for o in op.operands]
+             for op in backward)

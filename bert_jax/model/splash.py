@@ -17,7 +17,8 @@ The stock kernel has no dropout on the attention probabilities, so `splash` requ
 `attention_probs_dropout_prob=0` in training (`check`): a clear error otherwise.
 
 The forward pass is the library's kernel body in a call of ours that writes its residual (the
-logsumexp per query row) as one float32 per row instead of a 128-lane block (see `_forward`);
+logsumexp per query row) as one float32 per row instead of a 128-lane block, and reads its query
+segment ids as one row (see `_forward`);
 the backward kernels are the library's.
 
 On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `jit` over a mesh
@@ -128,16 +129,25 @@ def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool,
 # read, for 0.8 MB of values (benchmarks/history/2026-11-26-modern-tpu.md). This forward pass
 # runs the library's kernel body unchanged with that block in vector memory and writes only its
 # first lane, transposed into a row of the [N, 1, S] array the backward kernels read; its
-# running max, sum and output accumulator are scratch, not outputs. The backward passes are the
-# library's.
+# running max, sum and output accumulator are scratch, not outputs. Its query segment ids come
+# in as one row [1, S] and are laid down the rows of a [bq, 128] scratch block at each query
+# block's first step, where the library reads a [S, 128] int32 array broadcast in HBM for it
+# (8.4 MB written and read per layer at 16 x 1,024 tokens: 0.55 GB of ModernBERT-base's step).
+# The backward passes are the library's.
 
 
 def _forward_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
-                    q_segment_ids_ref, kv_segment_ids_ref, mask_ref, q_sequence_ref,
-                    o_ref, logsumexp_ref, m_scratch, l_scratch, o_scratch, rows_scratch, *,
-                    grid_width: int, **options):
+                    q_segment_row_ref, kv_segment_ids_ref, mask_ref, q_sequence_ref,
+                    o_ref, logsumexp_ref, m_scratch, l_scratch, o_scratch, rows_scratch,
+                    q_segment_ids_scratch, *, grid_width: int, **options):
+  @pl.when(pl.program_id(2) == 0)   # a query block's first step: its ids down the rows
+  def _():
+    lanes = q_segment_ids_scratch.shape[-1]
+    row = q_segment_row_ref[...]                                   # [1, bq]
+    q_segment_ids_scratch[...] = jnp.broadcast_to(row, (lanes, row.shape[-1])).T  # [bq, 128]
+
   kernel_lib.flash_attention_kernel(
-      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_ref,
+      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_scratch,
       kv_segment_ids_ref, None, mask_ref, q_sequence_ref, m_scratch, l_scratch, o_scratch,
       o_ref, rows_scratch, grid_width=grid_width, **options)
 
@@ -162,10 +172,10 @@ def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: b
   keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
   in_specs = [pl.BlockSpec((None, bq, head_dim), rows), pl.BlockSpec((None, bkv, head_dim), keys),
               pl.BlockSpec((None, bkv, head_dim), keys),
-              pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)),
+              pl.BlockSpec((1, bq), lambda h, i, j, *_: (0, i)),
               pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, next_block(h, i, j,
                                                                                   *refs)[0]))]
-  q_ids = jax.lax.broadcast_in_dim(segment_ids.q, (seq_len, lanes), (0,))
+  q_ids = segment_ids.q[None, :]                                  # [1, S]
   kv_ids = jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))
   partial = mask_info.partial_mask_blocks
   in_specs.append(None if partial is None else pl.BlockSpec(
@@ -191,7 +201,8 @@ def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: b
           scratch_shapes=[pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, head_dim), jnp.float32),
-                          pltpu.VMEM((bq, lanes), jnp.float32)],
+                          pltpu.VMEM((bq, lanes), jnp.float32),
+                          pltpu.VMEM((bq, lanes), segment_ids.q.dtype)],
           grid=(heads, seq_len // bq, grid_width)),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "arbitrary", "arbitrary")),
