@@ -16,10 +16,11 @@ the blocks outside the band (and takes blocks no wider than it, for there to be 
 The stock kernel has no dropout on the attention probabilities, so `splash` requires
 `attention_probs_dropout_prob=0` in training (`check`): a clear error otherwise.
 
-The forward pass is the library's kernel body in a call of ours that writes its residual (the
-logsumexp per query row) as one float32 per row instead of a 128-lane block, and reads its query
-segment ids as one row (see `_forward`);
-the backward kernels are the library's.
+The forward and backward passes are the library's kernel bodies in calls of ours that move one
+value per position as one row where the library broadcasts it in HBM: the forward writes its
+residual (the logsumexp per query row) as one float32 per row instead of a 128-lane block; all
+three kernels read the segment ids as a [1, S] row, and the backward ones the logsumexp and
+`di` as [N, 1, S] (see `_forward`, `_backward_dq`, `_backward_dkv`).
 
 On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `jit` over a mesh
 (`jax.sharding.use_mesh`, which `parallel.strategies` sets while tracing a step) the kernel runs
@@ -133,18 +134,23 @@ def _kernel(num_heads: int, seq_len: int, causal: bool, interpret: bool,
 # in as one row [1, S] and are laid down the rows of a [bq, 128] scratch block at each query
 # block's first step, where the library reads a [S, 128] int32 array broadcast in HBM for it
 # (8.4 MB written and read per layer at 16 x 1,024 tokens: 0.55 GB of ModernBERT-base's step).
-# The backward passes are the library's.
+
+
+def _lay_down(row_ref, block_ref):
+  """Segment ids of one block from a [1, b] row into the [b, 128] block (each id repeated along
+  the lanes) that the library's kernel bodies read: a transpose in vector memory instead of an
+  [S, 128] int32 array in HBM."""
+  row = row_ref[...]                                                        # [1, b]
+  block_ref[...] = jnp.broadcast_to(row, (block_ref.shape[-1], row.shape[-1])).T   # [b, 128]
 
 
 def _forward_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
                     q_segment_row_ref, kv_segment_ids_ref, mask_ref, q_sequence_ref,
                     o_ref, logsumexp_ref, m_scratch, l_scratch, o_scratch, rows_scratch,
                     q_segment_ids_scratch, *, grid_width: int, **options):
-  @pl.when(pl.program_id(2) == 0)   # a query block's first step: its ids down the rows
+  @pl.when(pl.program_id(2) == 0)   # a query block's first step
   def _():
-    lanes = q_segment_ids_scratch.shape[-1]
-    row = q_segment_row_ref[...]                                   # [1, bq]
-    q_segment_ids_scratch[...] = jnp.broadcast_to(row, (lanes, row.shape[-1])).T  # [bq, 128]
+    _lay_down(q_segment_row_ref, q_segment_ids_scratch)
 
   kernel_lib.flash_attention_kernel(
       data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_scratch,
@@ -226,11 +232,154 @@ def _attention_forward(sizes, mask_function, interpret, fwd_info, dq_info, dkv_i
   return out, (q, k, v, segment_ids, None, out, logsumexp, dq_info, dkv_info)
 
 
+# ------------------------------------------------------------------------ the backward pass
+# The library's backward kernel bodies (dq; dk and dv) in calls of ours, for the same reason as
+# the forward's: the library broadcasts in HBM, per call, the segment ids along 128 lanes
+# ([S, 128] int32: the dq kernel's query ids, the dkv kernel's key ids) and the dkv kernel's
+# logsumexp and `di` along 8 sublanes ([N, 8, S] float32), each written and read again for one
+# value per position. Here the ids come in as a [1, S] row laid down in vector memory
+# (`_lay_down`), the logsumexp and `di` as [N, 1, S] blocks of one row (the dkv body reads row 0
+# only), and the dk/dv accumulators are scratch instead of outputs.
+
+
+def _dq_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
+               q_segment_row_ref, kv_segment_ids_ref, logsumexp_ref, do_ref, di_ref, mask_ref,
+               q_sequence_ref, dq_ref, dq_scratch, q_segment_ids_scratch, **options):
+  @pl.when(pl.program_id(2) == 0)   # a query block's first step
+  def _():
+    _lay_down(q_segment_row_ref, q_segment_ids_scratch)
+
+  kernel_lib._flash_attention_dq_kernel(
+      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_scratch,
+      kv_segment_ids_ref, None, logsumexp_ref, do_ref, di_ref, mask_ref, q_sequence_ref,
+      dq_scratch, dq_ref, **options)
+
+
+def _dkv_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
+                q_segment_ids_ref, kv_segment_row_ref, logsumexp_ref, do_ref, di_ref, mask_ref,
+                q_sequence_ref, dk_ref, dv_ref, dk_scratch, dv_scratch, kv_segment_ids_scratch,
+                **options):
+  @pl.when((pl.program_id(1) == 0) & (pl.program_id(2) == 0))   # a key block's first step
+  def _():
+    _lay_down(kv_segment_row_ref, kv_segment_ids_scratch)
+
+  kernel_lib._flash_attention_dkv_kernel(
+      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_ref,
+      kv_segment_ids_scratch, None, logsumexp_ref, do_ref, di_ref, mask_ref, q_sequence_ref,
+      None, dk_scratch, dv_scratch, None, dk_ref, dv_ref, **options)
+
+
+def _backward_dq(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask_function,
+                 interpret: bool):
+  """The library's `_splash_attention_bwd_dq` for multi-head attention without sinks or a soft
+  cap: [N, S, D] operands, logsumexp and di [N, 1, S] -> dq [N, S, D]."""
+  heads, seq_len, head_dim = q.shape
+  bq, bkv = sizes.block_q_dq, sizes.block_kv_dq
+  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
+  next_block = lambda h, i, j, *refs: kernel_lib._next_nonzero(h, i, j, *refs[:3])
+  rows = lambda h, i, j, *_: (h, i, 0)
+  keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
+  per_row = pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))
+  in_specs = [pl.BlockSpec((None, bq, head_dim), rows), pl.BlockSpec((None, bkv, head_dim), keys),
+              pl.BlockSpec((None, bkv, head_dim), keys),
+              pl.BlockSpec((1, bq), lambda h, i, j, *_: (0, i)),
+              pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, next_block(h, i, j,
+                                                                                  *refs)[0])),
+              per_row, pl.BlockSpec((None, bq, head_dim), rows), per_row]
+  kv_ids = jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))   # [8, S]
+  partial = mask_info.partial_mask_blocks
+  in_specs.append(None if partial is None else pl.BlockSpec(
+      (None, bq, bkv), lambda h, i, j, *refs: (next_block(h, i, j, *refs)[1], 0, 0)))
+  q_sequence = None
+  if mask_info.q_sequence is not None:
+    q_sequence = jax.lax.broadcast_in_dim(mask_info.q_sequence, (seq_len, lanes), (0,))
+    in_specs.append(pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)))
+  else:
+    in_specs.append(None)
+  grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
+                else seq_len // bkv)
+  return pl.pallas_call(
+      functools.partial(_dq_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
+                        grid_width=grid_width, bq=bq, bkv=bkv, attn_logits_soft_cap=None,
+                        q_layout=sizes.q_layout, k_layout=sizes.k_layout,
+                        v_layout=sizes.v_layout, mask_function=mask_function),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3, in_specs=in_specs,
+          out_specs=pl.BlockSpec((None, bq, head_dim), rows),
+          scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32),
+                          pltpu.VMEM((bq, lanes), segment_ids.q.dtype)],
+          grid=(heads, seq_len // bq, grid_width)),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("arbitrary", "arbitrary", "arbitrary")),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      name="splash_mha_dq_segmented_row_ids", interpret=interpret,
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v,
+    segment_ids.q[None, :], kv_ids, logsumexp, do, di, partial, q_sequence)
+
+
+def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask_function,
+                  interpret: bool):
+  """The library's `_splash_attention_bwd_dkv` (unfused: no dq) for multi-head attention
+  without sinks or a soft cap: [N, S, D] operands, logsumexp and di [N, 1, S] -> dk, dv."""
+  heads, seq_len, head_dim = q.shape
+  bq, bkv, bkv_compute = sizes.block_q_dkv, sizes.block_kv_dkv, sizes.block_kv_dkv_compute
+  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
+
+  def next_block(kv, h, i, *refs):   # the grid walks key blocks outermost
+    return kernel_lib._next_nonzero(h, i, kv, *refs[:3], next_i=True)
+
+  queries = lambda kv, h, i, *refs: (h, next_block(kv, h, i, *refs)[0], 0)
+  keys = lambda kv, h, i, *_: (h, kv, 0)
+  per_row = pl.BlockSpec((None, 1, bq), lambda kv, h, i, *refs: (h, 0, queries(kv, h, i,
+                                                                                *refs)[1]))
+  query_ids = pl.BlockSpec((sublanes, bq), lambda kv, h, i, *refs: (0, queries(kv, h, i,
+                                                                              *refs)[1]))
+  in_specs = [pl.BlockSpec((None, bq, head_dim), queries),
+              pl.BlockSpec((None, bkv, head_dim), keys), pl.BlockSpec((None, bkv, head_dim), keys),
+              query_ids, pl.BlockSpec((1, bkv), lambda kv, h, i, *_: (0, kv)),
+              per_row, pl.BlockSpec((None, bq, head_dim), queries), per_row]
+  q_ids = jax.lax.broadcast_in_dim(segment_ids.q, (sublanes, seq_len), (1,))     # [8, S]
+  partial = mask_info.partial_mask_blocks
+  in_specs.append(None if partial is None else pl.BlockSpec(
+      (None, bkv, bq), lambda kv, h, i, *refs: (next_block(kv, h, i, *refs)[1], 0, 0)))
+  q_sequence = None
+  if mask_info.q_sequence is not None:
+    q_sequence = jax.lax.broadcast_in_dim(mask_info.q_sequence, (sublanes, seq_len), (1,))
+    in_specs.append(query_ids)
+  else:
+    in_specs.append(None)
+  grid_width = (mask_info.data_next.shape[-2] if mask_info.data_next is not None
+                else seq_len // bq)
+  return pl.pallas_call(
+      functools.partial(_dkv_kernel, num_q_heads=heads, num_kv_heads=heads,
+                        mask_value=kernel_lib.DEFAULT_MASK_VALUE, grid_width=grid_width, bq=bq,
+                        bkv_compute=bkv_compute, is_mqa=False, attn_logits_soft_cap=None,
+                        q_layout=sizes.q_layout, k_layout=sizes.k_layout,
+                        v_layout=sizes.v_layout, bkv=bkv, mask_function=mask_function),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3, in_specs=in_specs,
+          out_specs=[pl.BlockSpec((None, bkv, head_dim), keys)] * 2,
+          scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32),
+                          pltpu.VMEM((bkv, head_dim), jnp.float32),
+                          pltpu.VMEM((bkv, lanes), segment_ids.kv.dtype)],
+          grid=(seq_len // bkv, heads, grid_width)),
+      # All sequential, as the library's: dk and dv are sums over heads' query blocks.
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("arbitrary", "arbitrary", "arbitrary")),
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      name="splash_mha_dkv_segmented_row_ids", interpret=interpret,
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v, q_ids,
+    segment_ids.kv[None, :], logsumexp, do, di, partial, q_sequence)
+
+
 def _attention_backward(sizes, mask_function, interpret, residuals, g):
-  # The library's backward kernels (dq, then dk and dv) on the same residuals.
-  _, _, _, dq, dk, dv, _, _ = kernel_lib._splash_attention_bwd(
-      False, kernel_lib.DEFAULT_MASK_VALUE, False, sizes, None, mask_function, None, interpret,
-      residuals, g)
+  q, k, v, segment_ids, _, out, logsumexp, dq_info, dkv_info = residuals
+  di = jnp.einsum("hsd,hsd->hs", out.astype(jnp.float32), g.astype(jnp.float32))   # [N, S]
+  one_row = lambda x: x[:, None, :]                                                # [N, 1, S]
+  operands = (q, k, v, segment_ids, one_row(logsumexp), g, one_row(di), sizes, mask_function,
+              interpret)
+  dk, dv = _backward_dkv(dkv_info, *operands)
+  dq = _backward_dq(dq_info, *operands)
   return None, None, None, dq, dk, dv, None
 
 
