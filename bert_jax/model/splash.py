@@ -27,7 +27,7 @@ On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `
 per device with `shard_map`: the batch split along `data`, the heads along `model`.
 """
 import functools
-from typing import Any, Optional
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +162,45 @@ def _forward_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, 
     logsumexp_ref[...] = rows_scratch[...].T[:1]                 # [bq, 128] -> [1, bq]
 
 
+class _Operands(NamedTuple):
+  specs: List[Any]          # a block spec per array (None for an absent one)
+  arrays: Tuple[Any, ...]
+
+
+def _rows(h, i, j, *_):
+  return h, i, 0
+
+
+def _query_major(mask_info, q, k, v, segment_ids, bq: int, bkv: int):
+  """What the forward and dq calls share, walking the grid (heads, query blocks, the key blocks
+  the mask leaves): the operands that lead the call (q, k, v [N, S, D], the query ids as a
+  [1, S] row, the key ids [8, S]) and those that end it (the partial-mask blocks and the mask's
+  q_sequence, each None where the mask has none), with their block specs; and the grid."""
+  heads, seq_len, head_dim = q.shape
+  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
+
+  def next_block(h, i, j, data_next_ref, block_mask_ref, mask_next_ref=None):
+    return kernel_lib._next_nonzero(h, i, j, data_next_ref, block_mask_ref, mask_next_ref)
+
+  keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
+  lead = _Operands(
+      [pl.BlockSpec((None, bq, head_dim), _rows), pl.BlockSpec((None, bkv, head_dim), keys),
+       pl.BlockSpec((None, bkv, head_dim), keys), pl.BlockSpec((1, bq), lambda h, i, j, *_: (0, i)),
+       pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, keys(h, i, j, *refs)[1]))],
+      (q, k, v, segment_ids.q[None, :],
+       jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))))
+  partial, q_sequence = mask_info.partial_mask_blocks, mask_info.q_sequence
+  tail = _Operands(
+      [None if partial is None else pl.BlockSpec(
+          (None, bq, bkv), lambda h, i, j, *refs: (next_block(h, i, j, *refs)[1], 0, 0)),
+       None if q_sequence is None else pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0))],
+      (partial, None if q_sequence is None else
+       jax.lax.broadcast_in_dim(q_sequence, (seq_len, lanes), (0,))))
+  grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
+                else seq_len // bkv)
+  return lead, tail, (heads, seq_len // bq, grid_width)
+
+
 def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: bool):
   """The library's `_splash_attention_forward` with save_residuals, for multi-head attention
   without sinks or a soft cap: q, k, v [N, S, D] -> out [N, S, D], logsumexp [N, S] float32.
@@ -169,54 +208,31 @@ def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: b
   tests/test_splash_attention.py (interpret mode) and a `--compile_for` (the TPU lowering)."""
   heads, seq_len, head_dim = q.shape
   bq, bkv, bkv_compute = sizes.block_q, sizes.block_kv, sizes.block_kv_compute
-  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
+  lanes = kernel_lib.NUM_LANES
 
-  def next_block(h, i, j, data_next_ref, block_mask_ref, mask_next_ref=None):
-    return kernel_lib._next_nonzero(h, i, j, data_next_ref, block_mask_ref, mask_next_ref)
-
-  rows = lambda h, i, j, *_: (h, i, 0)
-  keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
-  in_specs = [pl.BlockSpec((None, bq, head_dim), rows), pl.BlockSpec((None, bkv, head_dim), keys),
-              pl.BlockSpec((None, bkv, head_dim), keys),
-              pl.BlockSpec((1, bq), lambda h, i, j, *_: (0, i)),
-              pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, next_block(h, i, j,
-                                                                                  *refs)[0]))]
-  q_ids = segment_ids.q[None, :]                                  # [1, S]
-  kv_ids = jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))
-  partial = mask_info.partial_mask_blocks
-  in_specs.append(None if partial is None else pl.BlockSpec(
-      (None, bq, bkv), lambda h, i, j, *refs: (next_block(h, i, j, *refs)[1], 0, 0)))
-  q_sequence = None
-  if mask_info.q_sequence is not None:
-    q_sequence = jax.lax.broadcast_in_dim(mask_info.q_sequence, (seq_len, lanes), (0,))
-    in_specs.append(pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)))
-  else:
-    in_specs.append(None)
-  grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
-                else seq_len // bkv)
+  lead, tail, grid = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
   out, logsumexp = pl.pallas_call(
       functools.partial(_forward_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
-                        grid_width=grid_width, bq=bq, bkv=bkv, bkv_compute=bkv_compute,
+                        grid_width=grid[-1], bq=bq, bkv=bkv, bkv_compute=bkv_compute,
                         head_dim_v=head_dim, q_layout=sizes.q_layout, k_layout=sizes.k_layout,
                         v_layout=sizes.v_layout, attn_logits_soft_cap=None,
                         mask_function=mask_function),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=3, in_specs=in_specs,
-          out_specs=[pl.BlockSpec((None, bq, head_dim), rows),
+          num_scalar_prefetch=3, in_specs=lead.specs + tail.specs,
+          out_specs=[pl.BlockSpec((None, bq, head_dim), _rows),
                      pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))],
           scratch_shapes=[pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, head_dim), jnp.float32),
                           pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, lanes), segment_ids.q.dtype)],
-          grid=(heads, seq_len // bq, grid_width)),
+          grid=grid),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "arbitrary", "arbitrary")),
       out_shape=[jax.ShapeDtypeStruct((heads, seq_len, head_dim), q.dtype),
                  jax.ShapeDtypeStruct((heads, 1, seq_len), jnp.float32)],
       name="splash_mha_fwd_segmented_row_residuals", interpret=interpret,
-  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v, q_ids, kv_ids,
-    partial, q_sequence)
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, *lead.arrays, *tail.arrays)
   return out, logsumexp[:, 0]                                      # [N, S, D], [N, S]
 
 
@@ -273,48 +289,29 @@ def _backward_dq(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask
                  interpret: bool):
   """The library's `_splash_attention_bwd_dq` for multi-head attention without sinks or a soft
   cap: [N, S, D] operands, logsumexp and di [N, 1, S] -> dq [N, S, D]."""
-  heads, seq_len, head_dim = q.shape
+  head_dim = q.shape[-1]
   bq, bkv = sizes.block_q_dq, sizes.block_kv_dq
-  lanes, sublanes = kernel_lib.NUM_LANES, kernel_lib.NUM_SUBLANES
-  next_block = lambda h, i, j, *refs: kernel_lib._next_nonzero(h, i, j, *refs[:3])
-  rows = lambda h, i, j, *_: (h, i, 0)
-  keys = lambda h, i, j, *refs: (h, next_block(h, i, j, *refs)[0], 0)
-  per_row = pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))
-  in_specs = [pl.BlockSpec((None, bq, head_dim), rows), pl.BlockSpec((None, bkv, head_dim), keys),
-              pl.BlockSpec((None, bkv, head_dim), keys),
-              pl.BlockSpec((1, bq), lambda h, i, j, *_: (0, i)),
-              pl.BlockSpec((sublanes, bkv), lambda h, i, j, *refs: (0, next_block(h, i, j,
-                                                                                  *refs)[0])),
-              per_row, pl.BlockSpec((None, bq, head_dim), rows), per_row]
-  kv_ids = jax.lax.broadcast_in_dim(segment_ids.kv, (sublanes, seq_len), (1,))   # [8, S]
-  partial = mask_info.partial_mask_blocks
-  in_specs.append(None if partial is None else pl.BlockSpec(
-      (None, bq, bkv), lambda h, i, j, *refs: (next_block(h, i, j, *refs)[1], 0, 0)))
-  q_sequence = None
-  if mask_info.q_sequence is not None:
-    q_sequence = jax.lax.broadcast_in_dim(mask_info.q_sequence, (seq_len, lanes), (0,))
-    in_specs.append(pl.BlockSpec((bq, lanes), lambda h, i, j, *_: (i, 0)))
-  else:
-    in_specs.append(None)
-  grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
-                else seq_len // bkv)
+  lead, tail, grid = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
+  per_row = pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))   # logsumexp, di
+  in_specs = [*lead.specs, per_row, pl.BlockSpec((None, bq, head_dim), _rows), per_row,
+              *tail.specs]
   return pl.pallas_call(
       functools.partial(_dq_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
-                        grid_width=grid_width, bq=bq, bkv=bkv, attn_logits_soft_cap=None,
+                        grid_width=grid[-1], bq=bq, bkv=bkv, attn_logits_soft_cap=None,
                         q_layout=sizes.q_layout, k_layout=sizes.k_layout,
                         v_layout=sizes.v_layout, mask_function=mask_function),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=3, in_specs=in_specs,
-          out_specs=pl.BlockSpec((None, bq, head_dim), rows),
+          out_specs=pl.BlockSpec((None, bq, head_dim), _rows),
           scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32),
-                          pltpu.VMEM((bq, lanes), segment_ids.q.dtype)],
-          grid=(heads, seq_len // bq, grid_width)),
+                          pltpu.VMEM((bq, kernel_lib.NUM_LANES), segment_ids.q.dtype)],
+          grid=grid),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("arbitrary", "arbitrary", "arbitrary")),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       name="splash_mha_dq_segmented_row_ids", interpret=interpret,
-  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v,
-    segment_ids.q[None, :], kv_ids, logsumexp, do, di, partial, q_sequence)
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, *lead.arrays, logsumexp, do,
+    di, *tail.arrays)
 
 
 def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask_function,
