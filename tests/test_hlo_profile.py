@@ -71,3 +71,11 @@ def test_categories_follow_the_name_stack(path, category):
 def test_shape_bytes():
   assert hlo_profile.shape_bytes("(f32[2,3]{1,0}, bf16[4]{0}, pred[])") == 24 + 8 + 1
   assert hlo_profile.shape_bytes("token[]") == 0
+
+
+def test_the_bytes_of_vector_memory_are_those_of_buffers_in_memory_space_1():
+  """The copy-done puts param.2 in S(1): the pair's result (its write) and the all-reduce's read
+  of it are vector-memory bytes; nothing else of the module is."""
+  assert hlo_profile.vector_memory_bytes(MODULE) == 2 * 8 * 32 * 4
+  assert hlo_profile.shape_bytes("(f32[2,3]{1,0:S(1)}, bf16[4]{0})", 1) == 24
+  assert hlo_profile.shape_bytes("(f32[2,3]{1,0:S(1)}, bf16[4]{0})", 0) == 8

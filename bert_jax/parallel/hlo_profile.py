@@ -49,7 +49,9 @@ _COPIES = ("copy", "transpose", "copy-start", "copy-done", "slice-start", "slice
 _RANDOM = ("rng", "rng-bit-generator", "rng-get-and-update-state")
 
 _SLICES = ("slice", "slice-start", "dynamic-slice")
-_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8e\w+)\[([\d,]*)\]")
+_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+VECTOR_MEMORY = 1   # a TPU layout's S(1): the chip's on-chip vector memory (XLA's alternate memory)
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -58,10 +60,15 @@ _CALLS = re.compile(r"\b(?:calls|body|condition|to_apply|branch_computations|"
                     r"true_computation|false_computation)=\{?%?([\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
 
 
-def shape_bytes(shape: str) -> float:
-  """Bytes of every array in an HLO shape string (a tuple's elements summed)."""
+def shape_bytes(shape: str, memory_space: Optional[int] = None) -> float:
+  """Bytes of every array in an HLO shape string (a tuple's elements summed); with
+  `memory_space`, of the arrays whose layout puts them there only (`S(n)`; none is space 0)."""
   total = 0.0
-  for dtype, dims in _SHAPE.findall(shape):
+  for dtype, dims, layout in _SHAPE.findall(shape):
+    if memory_space is not None:
+      space = _MEMORY_SPACE.search(layout)
+      if (int(space.group(1)) if space else 0) != memory_space:
+        continue
     size = _DTYPE_BYTES.get(dtype, 1)
     for d in filter(None, dims.split(",")):
       size *= int(d)
@@ -173,14 +180,15 @@ def readable_name(op: Operation) -> str:
   return f"{name} ({op.opcode}{', backward' if backward else ''})"
 
 
-def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
-  """(bytes per category, the `top` largest operations) of an optimized HLO module's text."""
+def _counted(text: str) -> List[Tuple[Operation, List[str], Dict[str, Operation], set]]:
+  """The operations XLA's cost analysis counts, each with the names of the values it reads, the
+  operations of its computation by name, and the opcodes fused into it."""
   computations = parse(text)
   entry = [c for c in computations.values() if c.is_entry]
   if not entry:
     raise ValueError("no ENTRY computation in the HLO text")
-  # The operations XLA's cost analysis counts: the entry's, and those of the computations that
-  # control flow runs (loop bodies and conditions, conditional branches, calls), once each.
+  # The entry's operations, and those of the computations that control flow runs (loop bodies
+  # and conditions, conditional branches, calls), once each.
   walked, queue, counted = set(), [entry[0].name], []
   while queue:
     name = queue.pop()
@@ -200,17 +208,37 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
         # (the start's own result is a tuple holding both, plus a context).
         start = by_name[operands[0]]
         operands, op = start.operands, dataclasses.replace(start, shape=op.shape)
-      if op.opcode in _SLICES:   # reads only the slice it writes, not its whole operand
-        moved = 2 * shape_bytes(op.shape)
-      else:
-        moved = shape_bytes(op.shape) + sum(
-            shape_bytes(by_name[o].shape) for o in operands if o in by_name)
       fused = _fused_opcodes(computations, op.calls) if op.opcode in ("fusion", "async-start",
                                                                        "custom-call") else set()
-      counted.append((moved, categorize(op, fused), op))
+      counted.append((op, operands, by_name, fused))
+  return counted
+
+
+def _moved(op: Operation, operands: List[str], by_name: Dict[str, Operation],
+           memory_space: Optional[int] = None) -> float:
+  """Bytes an operation reads and writes (in `memory_space` only, if given)."""
+  if op.opcode in _SLICES:   # reads only the slice it writes, not its whole operand
+    return 2 * shape_bytes(op.shape, memory_space)
+  return shape_bytes(op.shape, memory_space) + sum(
+      shape_bytes(by_name[o].shape, memory_space) for o in operands if o in by_name)
+
+
+def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
+  """(bytes per category, the `top` largest operations) of an optimized HLO module's text."""
+  counted = [(_moved(op, operands, by_name), categorize(op, fused), op)
+             for op, operands, by_name, fused in _counted(text)]
   totals = collections.OrderedDict((c, 0.0) for c in CATEGORIES)
   for moved, category, _ in counted:
     totals[category] += moved
   largest = sorted(counted, key=lambda item: -item[0])[:top]
   return dict(totals), [{"bytes": moved, "category": category, "name": readable_name(op)}
                         for moved, category, op in largest]
+
+
+def vector_memory_bytes(text: str) -> float:
+  """Of the bytes `profile` counts, those read from or written to buffers the compiler placed in
+  the chip's vector memory (a TPU layout's `S(1)`: XLA's alternate memory, tens of MiB on chip).
+  XLA's `bytes accessed` counts them like HBM traffic, so a roofline from it charges them at
+  HBM bandwidth: the part of the step's bytes that is not HBM traffic."""
+  return sum(_moved(op, operands, by_name, VECTOR_MEMORY)
+             for op, operands, by_name, _ in _counted(text))

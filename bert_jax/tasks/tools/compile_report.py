@@ -27,6 +27,10 @@ and the printed summary hold:
   dropout_rng, layernorm_reduction, elementwise, optimizer_update, collective, copy_transpose;
   `parallel.hlo_profile`; they add up to bytes_accessed_per_device within a few percent),
   top_operations (the 10 largest operations: bytes, category, readable name),
+  vector_memory_bytes_per_device (of the re-counted bytes, those read from or written to
+  buffers the compiler placed in the chip's on-chip vector memory, `S(1)` in a TPU layout: XLA's
+  bytes accessed counts them like HBM traffic, so the roofline is a floor on the step's MFU
+  ceiling, not a prediction; `hlo_profile.vector_memory_bytes`),
   eval_step {compile_seconds, memory_per_device, fits}
 
 A step that does not fit is a report with `fits: false`, not a crash: `required_bytes` (the
@@ -117,11 +121,13 @@ def _compile(function, args) -> Dict[str, Any]:
     return {"compile_seconds": round(time.time() - start, 2), **_out_of_memory(message, args)}
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  by_category, largest = hlo_profile.profile(compiled.as_text(), top=10)
+  text = compiled.as_text()
+  by_category, largest = hlo_profile.profile(text, top=10)
   return {"compile_seconds": round(time.time() - start, 2), "memory_per_device": _memory(compiled),
           "flops_per_device": float(cost.get("flops", 0.0)),
           "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
-          "bytes_by_category": by_category, "top_operations": largest}
+          "bytes_by_category": by_category, "top_operations": largest,
+          "vector_memory_bytes_per_device": hlo_profile.vector_memory_bytes(text)}
 
 
 @dataclasses.dataclass
@@ -185,7 +191,8 @@ class _Compiler:
     if "flops_per_device" not in one or "flops_per_device" not in two:
       return {}
     cost = {k: one[k] + (layers - 1) * (two[k] - one[k])
-            for k in ("flops_per_device", "bytes_accessed_per_device")}
+            for k in ("flops_per_device", "bytes_accessed_per_device",
+                      "vector_memory_bytes_per_device")}
     cost["bytes_by_category"] = {
         k: one["bytes_by_category"][k] + (layers - 1) * (two["bytes_by_category"][k]
                                                          - one["bytes_by_category"][k])
@@ -241,6 +248,7 @@ def _roofline(cost: Dict[str, float], devices: int, generation, model_flops: flo
   return {"flops_per_step": cost["flops_per_device"] * devices,
           "bytes_accessed_per_device": cost["bytes_accessed_per_device"],
           "bytes_by_category": cost["bytes_by_category"],
+          "vector_memory_bytes_per_device": cost["vector_memory_bytes_per_device"],
           "roofline_step_seconds": step,
           "roofline_bound": "compute" if compute >= memory_time else "memory",
           "estimated_mfu": model_flops / (devices * generation.peak_bf16_flops * step)}
@@ -249,7 +257,8 @@ def _roofline(cost: Dict[str, float], devices: int, generation, model_flops: flo
 def _verdict(result: Dict[str, Any], generation) -> Dict[str, Any]:
   """compile_seconds, memory_per_device, fits and over_by_bytes of one compiled step."""
   verdict = {k: v for k, v in result.items()
-             if k not in ("flops_per_device", "bytes_accessed_per_device", "bytes_by_category")}
+             if k not in ("flops_per_device", "bytes_accessed_per_device", "bytes_by_category",
+                          "vector_memory_bytes_per_device")}
   total = _total_bytes(result)
   if "fits" not in verdict:
     verdict["fits"] = total <= generation.hbm_bytes
@@ -359,6 +368,10 @@ def summary(report: Dict[str, Any]) -> str:
                  f"{report['roofline_step_seconds'] * 1e3:.1f} ms per step "
                  f"({report['roofline_bound']}-bound), estimated MFU "
                  f"{100 * report['estimated_mfu']:.1f}% at best")
+  if report.get("vector_memory_bytes_per_device"):
+    lines.append(f"  of the bytes, {report['vector_memory_bytes_per_device'] / 1e9:.2f} GB per "
+                 f"device are reads and writes of on-chip vector memory (layouts' S(1), "
+                 f"re-counted), which the roofline charges at HBM bandwidth")
   categories = report.get("bytes_by_category")
   if categories:
     total = sum(categories.values()) or 1.0
