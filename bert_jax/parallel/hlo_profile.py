@@ -20,7 +20,9 @@ is (its opcode, the operations fused into it) and where it came from (the JAX na
   collective      all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
   copy_transpose  copies, transposes and layout changes
 
-`profile(text)` returns the totals per category and the largest operations.
+`profile(text)` returns the totals per category and the largest operations;
+`vector_memory_bytes(text)` the part of the same bytes that reads or writes buffers in the
+chip's on-chip vector memory (memory space 1 in TPU layouts), which XLA counts like HBM traffic.
 
 How close the re-count comes to XLA's total (libtpu's cost model is not public): BERT-base phase
 1 on v5litepod-8, 2 and 4 layers, 94.8% of XLA's bytes; a tiny data-parallel step 91.7%; a tiny
