@@ -239,8 +239,8 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
 
 def vector_memory_bytes(text: str) -> float:
   """Of the bytes `profile` counts, those read from or written to buffers the compiler placed in
-  the chip's vector memory (a TPU layout's `S(1)`: XLA's alternate memory, at most 128 MiB on a chip).
-  XLA's `bytes accessed` counts them like HBM traffic, so a roofline from it charges them at
-  HBM bandwidth: the part of the step's bytes that is not HBM traffic."""
+  the chip's vector memory (a TPU layout's `S(1)`: XLA's alternate memory, at most 128 MiB on a
+  chip). XLA's `bytes accessed` counts them like HBM traffic, so a roofline from it charges them
+  at HBM bandwidth: the part of the step's bytes that is not HBM traffic."""
   return sum(_moved(op, operands, by_name, VECTOR_MEMORY)
              for op, operands, by_name, _ in _counted(text))
