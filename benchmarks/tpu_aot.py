@@ -147,6 +147,7 @@ def variant_row(name: str, report) -> dict:
           "gib_per_device": round(memory.get("total_bytes", 0) / 2 ** 30, 2) or None,
           "bytes_accessed_per_device": report.get("bytes_accessed_per_device"),
           "bytes_by_category": report.get("bytes_by_category"),
+          "vector_memory_bytes_per_device": report.get("vector_memory_bytes_per_device"),
           "flops_per_step": report.get("flops_per_step"),
           "model_flops_per_step": report["model_flops_per_step"],
           "roofline_step_seconds": report.get("roofline_step_seconds"),
