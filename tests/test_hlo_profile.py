@@ -79,3 +79,23 @@ def test_the_bytes_of_vector_memory_are_those_of_buffers_in_memory_space_1():
   assert hlo_profile.vector_memory_bytes(MODULE) == 2 * 8 * 32 * 4
   assert hlo_profile.shape_bytes("(f32[2,3]{1,0:S(1)}, bf16[4]{0})", 1) == 24
   assert hlo_profile.shape_bytes("(f32[2,3]{1,0:S(1)}, bf16[4]{0})", 0) == 8
+
+
+SLICED = """
+HloModule sliced
+
+ENTRY %main (p: f32[8,32]) -> f32[4,32] {
+  %p = f32[8,32]{1,0} parameter(0)
+  %slice-start.1 = ((f32[8,32]{1,0}), f32[4,32]{1,0:S(1)}, s32[]) slice-start(%p), slice={[0:4], [0:32]}
+  %slice-done.1 = f32[4,32]{1,0:S(1)} slice-done(%slice-start.1)
+  ROOT %neg = f32[4,32]{1,0} negate(%slice-done.1)
+}
+"""
+
+
+def test_a_slice_into_vector_memory_reads_hbm_and_writes_vector_memory():
+  """The async slice reads 4 rows of the HBM parameter and writes them to S(1); the negate reads
+  them there and writes HBM: half of each operation's bytes are vector memory."""
+  totals, _ = hlo_profile.profile(SLICED)
+  assert sum(totals.values()) == 4 * (4 * 32 * 4)
+  assert hlo_profile.vector_memory_bytes(SLICED) == 2 * (4 * 32 * 4)

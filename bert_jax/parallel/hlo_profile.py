@@ -220,7 +220,12 @@ def _moved(op: Operation, operands: List[str], by_name: Dict[str, Operation],
            memory_space: Optional[int] = None) -> float:
   """Bytes an operation reads and writes (in `memory_space` only, if given)."""
   if op.opcode in _SLICES:   # reads only the slice it writes, not its whole operand
-    return 2 * shape_bytes(op.shape, memory_space)
+    written = shape_bytes(op.shape, memory_space)
+    if memory_space is None:
+      return 2 * written
+    source = by_name.get(operands[0]) if operands else None   # the read is where the source is
+    read_here = source is not None and shape_bytes(source.shape, memory_space) > 0
+    return written + (shape_bytes(op.shape) if read_here else 0.0)
   return shape_bytes(op.shape, memory_space) + sum(
       shape_bytes(by_name[o].shape, memory_space) for o in operands if o in by_name)
 
