@@ -31,6 +31,7 @@ step with tensor parallelism 81% (tests/test_compile_report.py). The report keep
 """
 import collections
 import dataclasses
+import functools
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -182,6 +183,7 @@ def readable_name(op: Operation) -> str:
   return f"{name} ({op.opcode}{', backward' if backward else ''})"
 
 
+@functools.lru_cache(maxsize=1)   # `profile` and `vector_memory_bytes` of one module parse it once
 def _counted(text: str) -> List[Tuple[Operation, List[str], Dict[str, Operation], set]]:
   """The operations XLA's cost analysis counts, each with the names of the values it reads, the
   operations of its computation by name, and the opcodes fused into it."""
