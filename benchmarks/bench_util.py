@@ -62,6 +62,16 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32")
   return 2 * n ** 3 / sec
 
 
+def torch_matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32") -> float:
+  """The same n^3 matmul rate through PyTorch (oneDNN/MKL on a CPU), the peer's denominator: on a
+  CPU with AMX, PyTorch's bfloat16 matmuls use it and XLA's do not (benchmarks/RESULTS.md)."""
+  import torch
+  a = torch.from_numpy(np.random.RandomState(0).randn(n, n).astype(np.float32)).to(
+      getattr(torch, dtype))
+  sec = interleaved_best({"matmul": lambda: torch.mm(a, a)}, rounds=3, steps=steps)["matmul"]
+  return 2 * n ** 3 / sec
+
+
 def seed_spread(values: Sequence[float]) -> dict:
   """`bert_jax.tasks.framework.finetuning.seed_spread` (mean, sample std, min, max, n), the one every seed
   summary uses; imported when called so that a peer's process does not load JAX for it."""

@@ -113,6 +113,31 @@ def test_dense_dot_general_values_and_gradients_equal_lax_dot_general(shape, tra
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(6, 8, 12, 5), (7, 5, 12)])
+def test_float32_products_round_once_and_keep_bfloat16(shape):
+  """bfloat16 products through float32 results (the CPU form): each value is the float32-summed
+  product rounded once to bfloat16, gradients included, and every dtype stays bfloat16."""
+  *lead, k, n = shape
+  x = jax.random.normal(jax.random.PRNGKey(0), (*lead, k)).astype(jnp.bfloat16)
+  kernel = jax.random.normal(jax.random.PRNGKey(1), (k, n)).astype(jnp.bfloat16)
+  numbers = (((x.ndim - 1,), (0,)), ((), ()))
+  dense = functools.partial(ops.dense_dot_general, transpose_wide_grad=True,
+                            float32_products=True)
+  exact = lambda a, b: jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
+  y = jax.jit(lambda x, w: dense(x, w, numbers))(x, kernel)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(exact(x, kernel).astype(jnp.bfloat16), np.float32))
+  g = jax.random.normal(jax.random.PRNGKey(2), y.shape).astype(jnp.bfloat16)
+  x_grad, kernel_grad = jax.jit(jax.vjp(lambda x, w: dense(x, w, numbers), x, kernel)[1])(g)
+  assert x_grad.dtype == kernel_grad.dtype == jnp.bfloat16
+  rows, g_rows = x.reshape(-1, k), g.reshape(-1, n)
+  for ours, reference in ((x_grad, exact(g, kernel.T)), (kernel_grad, exact(rows.T, g_rows))):
+    # One rounding of a float32 sum: within one bfloat16 ulp of the exact product.
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(reference),
+                               rtol=2 ** -7, atol=1e-6)
+
+
 def test_dense_dot_general_keeps_dtypes_and_passes_other_contractions_through():
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 4, 8)).astype(jnp.bfloat16)
   kernel = jax.random.normal(jax.random.PRNGKey(1), (8, 2)).astype(jnp.bfloat16)
@@ -190,9 +215,11 @@ def test_auto_is_every_tuned_form_on_cpu_and_the_measured_choice_elsewhere():
   assert auto.attention is ops.xla_attention and auto.word_lookup is ops.word_lookup
   assert auto.softmax_cross_entropy is ops.softmax_cross_entropy
   assert auto.dense_dot_general.func is ops.dense_dot_general
-  assert auto.dense_dot_general.keywords == {"transpose_wide_grad": True}   # CPU orientation
+  assert auto.dense_dot_general.keywords == {"transpose_wide_grad": True,   # CPU orientation
+                                             "float32_products": True}
   assert kernels.textbook_parts("auto", "gpu") == {"plain_bias", "optax_xent"}
-  assert kernels.select("auto", "gpu").dense_matmul.keywords == {"transpose_wide_grad": False}
+  assert kernels.select("auto", "gpu").dense_matmul.keywords == {"transpose_wide_grad": False,
+                                                                 "float32_products": False}
   assert kernels.textbook_parts("auto", "tpu") == frozenset(                 # libtpu's bytes
       {"plain_bias", "autodiff_dense", "cast_then_gather"})
   assert kernels.textbook_parts("textbook", "cpu") == set(kernels.PARTS)

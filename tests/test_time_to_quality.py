@@ -396,3 +396,11 @@ def test_finetune_takes_the_sides_that_finished_pretraining(tmp_path):
   args.ft_sides = "bert_jax_modern"
   with pytest.raises(FileNotFoundError, match="--side=bert_jax_modern"):
     finetune.pretrained_sides(args)
+
+
+def test_the_plot_goes_to_out_unless_named(tmp_path):
+  # A stage run on some sides must not overwrite the committed plot of all four.
+  args = cli.parse_args(["--finetune", f"--out={tmp_path}"])
+  assert args.plot == str(tmp_path / "time_to_quality.png")
+  args = cli.parse_args(["--report", f"--out={tmp_path}", "--plot=elsewhere.png"])
+  assert args.plot == "elsewhere.png"

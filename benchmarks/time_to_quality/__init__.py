@@ -35,8 +35,10 @@ In the background, so that a stage outlives the shell: `nohup python -m benchmar
 --side=bert_jax --out=/tmp/ttq > /tmp/ttq/bert_jax.log 2>&1 &` (and the same for the others).
 `--finetune` and `--report` write OUT/time_to_quality.md (tables to paste into
 benchmarks/RESULTS.md: every side's pre-training, GLUE per task and on average, and the issue's
-goals, met or not), OUT/time_to_quality.json and the plot (`--plot`: held-out MLM loss and
-accuracy against training minutes on both held-out sets, BERT's recipe solid, the modern dashed).
+goals, met or not), OUT/time_to_quality.json and the plot (`--plot`, OUT/time_to_quality.png
+unless named: held-out MLM loss and accuracy against training minutes on both held-out sets,
+BERT's recipe solid, the modern dashed; the committed benchmarks/time_to_quality.png is
+written only by the last command above, once every side has finished).
 
 Why: a faster step is only worth something if it buys quality, and a recipe only if it buys
 quality per hour. The two sides of a recipe get the same data, model, recipe and minutes (what

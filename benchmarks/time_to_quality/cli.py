@@ -24,8 +24,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      help="GLUE for every pre-trained side's checkpoint (--ft_sides)")
   stage.add_argument("--report", action="store_true", help="write the tables and the plot")
   p.add_argument("--out", default="/tmp/time_to_quality")
-  p.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                "..", "time_to_quality.png"))
+  # OUT's by default, so that a stage run on a few sides cannot overwrite the committed plot of
+  # all four (benchmarks/time_to_quality.png is written only when named).
+  p.add_argument("--plot", default="",
+                 help="the plot's path (default OUT/time_to_quality.png)")
   data = p.add_argument_group("data (--prepare)")
   data.add_argument("--text_dir", default=common.DEFAULT_TEXT_DIR)
   data.add_argument("--demo_documents", type=int, default=0,
@@ -83,6 +85,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if not (args.prepare or args.side or args.finetune or args.report):
     p.error("give at least one of --prepare, --side, --finetune, --report")
+  args.plot = args.plot or os.path.join(args.out, "time_to_quality.png")
   return args
 
 

@@ -160,9 +160,11 @@ def select(spec: str = "auto", backend: Optional[str] = None) -> Kernels:
   backend = _backend(backend)
   textbook = textbook_parts(spec, backend)
   pick = lambda part, tuned, plain: plain if part in textbook else tuned
-  # ops.dense_matmul's kernel gradient orientation: [N, K] transposed is faster on CPU only.
-  dense = functools.partial(ops.dense_dot_general, transpose_wide_grad=backend == "cpu")
-  matmul = functools.partial(ops.dense_matmul, transpose_wide_grad=backend == "cpu")
+  # ops.dense_matmul's kernel gradient orientation ([N, K] transposed) and its bfloat16 products
+  # through float32 results: faster on XLA's CPU backend only.
+  cpu = dict(transpose_wide_grad=backend == "cpu", float32_products=backend == "cpu")
+  dense = functools.partial(ops.dense_dot_general, **cpu)
+  matmul = functools.partial(ops.dense_matmul, **cpu)
   # The label's logit as a masked sum on TPU, where XLA fuses it with the logsumexp.
   xent = (functools.partial(ops.softmax_cross_entropy, label_by_mask=True) if backend == "tpu"
           else ops.softmax_cross_entropy)

@@ -85,51 +85,67 @@ class Dropout(nn.Module):
 
 
 def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
-                      preferred_element_type=None, *, transpose_wide_grad: bool = False) -> Array:
+                      preferred_element_type=None, *, transpose_wide_grad: bool = False,
+                      float32_products: bool = False) -> Array:
   """`jax.lax.dot_general` for `nn.Dense(dot_general=...)`: lhs [..., K] x kernel [K, N].
 
   Any other contraction, or a preferred element type, goes to `jax.lax.dot_general` unchanged.
-  `transpose_wide_grad`: see `dense_matmul`.
+  `transpose_wide_grad`, `float32_products`: see `dense_matmul`.
   """
   dense_form = (((lhs.ndim - 1,), (0,)), ((), ()))
   if rhs.ndim != 2 or dimension_numbers != dense_form or preferred_element_type is not None:
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
-  return dense_matmul(lhs, rhs, precision, transpose_wide_grad=transpose_wide_grad)
+  return dense_matmul(lhs, rhs, precision, transpose_wide_grad=transpose_wide_grad,
+                      float32_products=float32_products)
 
 
-def dense_matmul(x: Array, kernel: Array, precision=None, *,
-                 transpose_wide_grad: bool = False) -> Array:
+def dense_matmul(x: Array, kernel: Array, precision=None, *, transpose_wide_grad: bool = False,
+                 float32_products: bool = False) -> Array:
   """x [..., K] @ kernel [K, N] -> [..., N], the kernel gradient as one 2-D matmul over the rows.
 
   `transpose_wide_grad`: when K > N, compute the kernel gradient as [N, K] and transpose it, the
   faster orientation on XLA's CPU backend (`bert_jax.model.kernels` turns it on there only).
+  `float32_products`: a bfloat16 product (forward and both gradients) asks for a float32 result
+  and rounds it to bfloat16. XLA's CPU backend runs bfloat16 x bfloat16 -> float32 on its fast
+  path and bfloat16 -> bfloat16 on a slow one: [4096, 256] x [256, 768] at 840 against 144
+  GFLOP/s on a 2-core Xeon with AMX (benchmarks/RESULTS.md, the CPU step). The same values up to
+  the last rounding (both sum in float32); on CPU only (`bert_jax.model.kernels`).
   """
-  return _dense_matmul(x, kernel, precision, transpose_wide_grad)
+  return _dense_matmul(x, kernel, precision, transpose_wide_grad, float32_products)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _dense_matmul(x, kernel, precision, transpose_wide_grad):
-  return jnp.matmul(x, kernel, precision=precision)                           # [..., N]
+def _product(a: Array, b: Array, precision, float32_products: bool) -> Array:
+  """a @ b in a's dtype; bfloat16 through a float32 result when `float32_products`."""
+  if float32_products and a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
+    return jnp.matmul(a, b, precision=precision,
+                      preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  return jnp.matmul(a, b, precision=precision)
 
 
-def _dense_matmul_fwd(x, kernel, precision, transpose_wide_grad):
-  return _dense_matmul(x, kernel, precision, transpose_wide_grad), (x, kernel)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _dense_matmul(x, kernel, precision, transpose_wide_grad, float32_products):
+  return _product(x, kernel, precision, float32_products)                    # [..., N]
 
 
-def _dense_matmul_bwd(precision, transpose_wide_grad, residuals, g):
+def _dense_matmul_fwd(x, kernel, precision, transpose_wide_grad, float32_products):
+  return (_dense_matmul(x, kernel, precision, transpose_wide_grad, float32_products),
+          (x, kernel))
+
+
+def _dense_matmul_bwd(precision, transpose_wide_grad, float32_products, residuals, g):
   x, kernel = residuals
   k, n = kernel.shape
+  product = functools.partial(_product, precision=precision, float32_products=float32_products)
   rows, g_rows = x.reshape(-1, k), g.reshape(-1, n)                           # [M, K], [M, N]
-  x_grad = jnp.matmul(g, kernel.T, precision=precision)                       # [..., K]
+  x_grad = product(g, kernel.T)                                               # [..., K]
   if k > n and transpose_wide_grad:
     # On XLA's CPU backend a [K, N] product with K > N contracting over M ran 1.4x slower than
     # the [N, K] one (e.g. [4096, 1024]^T [4096, 256]: 17 vs 12 ms). The barrier keeps XLA
     # from folding the transpose back into the product.
-    kernel_grad = jax.lax.optimization_barrier(
-        jnp.matmul(g_rows.T, rows, precision=precision)).T                     # [K, N]
+    kernel_grad = jax.lax.optimization_barrier(product(g_rows.T, rows)).T    # [K, N]
   else:
-    kernel_grad = jnp.matmul(rows.T, g_rows, precision=precision)              # [K, N]
+    kernel_grad = product(rows.T, g_rows)                                     # [K, N]
   return x_grad.astype(x.dtype), kernel_grad.astype(kernel.dtype)
 
 
