@@ -62,10 +62,14 @@ def matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32")
   return 2 * n ** 3 / sec
 
 
-def torch_matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32") -> float:
-  """The same n^3 matmul rate through PyTorch (oneDNN/MKL on a CPU), the peer's denominator: on a
-  CPU with AMX, PyTorch's bfloat16 matmuls use it and XLA's do not (benchmarks/RESULTS.md)."""
+def torch_matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32",
+                               threads: int = 0) -> float:
+  """The same n^3 matmul rate through PyTorch (oneDNN/MKL on a CPU) on `threads` threads (0: as
+  set), the peer's denominator: PyTorch's bfloat16 matmuls use AMX through oneDNN
+  (benchmarks/RESULTS.md)."""
   import torch
+  if threads:
+    torch.set_num_threads(threads)
   a = torch.from_numpy(np.random.RandomState(0).randn(n, n).astype(np.float32)).to(
       getattr(torch, dtype))
   sec = interleaved_best({"matmul": lambda: torch.mm(a, a)}, rounds=3, steps=steps)["matmul"]

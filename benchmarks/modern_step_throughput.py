@@ -99,7 +99,7 @@ def main():
   args = parser.parse_args()
   predictions = int(round(MASK_RATE * (args.seq - 2)))
   peak = bench_util.matmul_flops_per_sec(dtype=args.precision)
-  torch_peak = bench_util.torch_matmul_flops_per_sec(dtype=args.precision)
+  torch_peak = bench_util.torch_matmul_flops_per_sec(dtype=args.precision, threads=args.threads)
   print(f"{bench_util.machine_line()}; {args.precision} 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s "
         f"through XLA, {torch_peak / 1e9:.1f} through PyTorch", flush=True)
   sec = bench_util.interleaved_best({"bert_jax": jax_step(args, predictions),
