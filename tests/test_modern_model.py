@@ -67,13 +67,13 @@ def _transformers_outputs(model, ids, mask):
   return encoded.last_hidden_state.numpy(), logits.numpy()
 
 
-@pytest.mark.parametrize("seq_len", [40, 520])   # banded; blocked (>= 4 blocks of 128)
+@pytest.mark.parametrize("seq_len", [40, 1030])   # banded; blocked (>= 8 blocks of 128)
 def test_loaded_model_equals_transformers(reference, seq_len):
   directory, model = reference
   config, params = checkpoints.load_pretrained(directory)
   assert config.is_modern and config.local_attention == 8 and config.window == 4
   assert [config.is_global_layer(i) for i in range(4)] == [True, False, False, True]
-  assert local_attention.use_blocks(seq_len, config.window) == (seq_len >= 512)
+  assert local_attention.use_blocks(seq_len, config.window) == (seq_len >= 1024)
   ids, mask = _batch(seq_len)
   hidden, logits = _transformers_outputs(model, ids, mask)
   ours = families.pretraining_model(config, use_nsp=False).apply(
@@ -175,11 +175,11 @@ def test_blocked_local_attention_equals_the_band_of_the_full_matrix():
 
 
 def test_local_layers_take_blocks_by_attention_path_and_length():
-  """XLA: blocks from 4 blocks per row (512 tokens with a 64-token window). cuDNN: the band as
+  """XLA: blocks from 8 blocks per row (1,024 tokens with a 64-token window). cuDNN: the band as
   its bias up to CUDNN_BAND_MAX_TOKENS (faster there on a GPU), blocks past it (cuDNN through jax
   has no two-sided window: the band would be the whole [S, S]). Splash: never (its own mask)."""
   window, limit = 64, local_attention.CUDNN_BAND_MAX_TOKENS
-  assert [local_attention.use_blocks(n, window) for n in (511, 512, 8192)] == [False, True, True]
+  assert [local_attention.use_blocks(n, window) for n in (1023, 1024, 8192)] == [False, True, True]
   assert [local_attention.use_blocks(n, window, "cudnn")
           for n in (512, limit, limit + 128, 8192)] == [False, False, True, True]
   assert not local_attention.use_blocks(8192, window, "splash")

@@ -8,7 +8,7 @@ ModernBERT: window = local_attention // 2), among the keys the padding or packin
 - `blocked_attention`: the queries in blocks of C >= window positions; block b attends to key
   blocks b-1, b, b+1 only, so the logits are [S, 3C] instead of [S, S]. At 8,192 tokens with a
   128-token window that is 384 keys a query instead of 8,192 (21x less memory and work on the
-  local layers); used from `use_blocks` on.
+  local layers); used from `use_blocks` on (`BLOCKS_FROM`).
 
 Both compute the same function as the band of the full matrix (tests/test_modern_model.py).
 
@@ -36,13 +36,20 @@ def block_length(window: int) -> int:
 # local layers take the blocks and only the global layers cuDNN (benchmarks/RESULTS.md, GPU).
 CUDNN_BAND_MAX_TOKENS = 2048
 
+# XLA: the local layers go by blocks from this many blocks per row on. Below it the full [S, S]
+# band computes under 2.7x the blocks' logits, in fewer and larger products and without the
+# blocks' copies and masks: on a 2-core Xeon the CPU step (benchmarks/modern_step_throughput.py's
+# model) ran 1.10x faster banded at 4 blocks (512 tokens), 1.05x slower at 8 (1,024) and 1.22x
+# slower at 16 (benchmarks/RESULTS.md, the CPU step).
+BLOCKS_FROM = 8
+
 
 def use_blocks(seq_len, window: int, kind: str = "xla") -> bool:
   """Whether local layers attend by blocks under attention `kind` ("xla" or "cudnn"). XLA:
-  from 4 blocks per row on (below that the [S, 3C] logits save little over [S, S]); cuDNN: past
+  from `BLOCKS_FROM` blocks per row on (1,024 tokens for windows up to 128); cuDNN: past
   `CUDNN_BAND_MAX_TOKENS`. A symbolic length (an export for any length) takes the band: blocks
   need a static one."""
-  if not isinstance(seq_len, int) or seq_len < 4 * block_length(window):
+  if not isinstance(seq_len, int) or seq_len < BLOCKS_FROM * block_length(window):
     return False
   return kind == "xla" or (kind == "cudnn" and seq_len > CUDNN_BAND_MAX_TOKENS)
 
