@@ -27,8 +27,8 @@ on transformers'. `--part=attention` times one local layer's attention alone, fo
 backward: bert_jax's (the band of the full mask, or the blocks: what the step runs at that length)
 against PyTorch's `scaled_dot_product_attention` with the same band as its mask (transformers'
 sdpa path); its FLOPs are the full [S, S] products', which both compute below 1,024 tokens.
-`--local_attention_form=band|blocks` makes bert_jax's local layers take one
-form at any length (default `auto`: `local_attention.use_blocks`), to measure where they cross.
+`--local_attention_form=band|blocks` makes bert_jax's local layers take one form at any length
+(default `auto`: `local_attention.use_blocks`), to measure where the two cross.
 """
 import argparse
 import json
@@ -41,11 +41,10 @@ from bert_jax.runtime import host_memory  # noqa: E402
 host_memory.keep_freed_memory()
 
 import jax  # noqa: E402
-
-from benchmarks import bench_util  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import bench_util  # noqa: E402
 from bert_jax.model import flops, kernels, local_attention, modeling  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
