@@ -106,6 +106,7 @@ def test_a_packed_pretraining_step_compiles_with_an_unpacked_evaluation(compile_
   assert 0 < vector_memory < sum(report["bytes_by_category"].values())
 
 
+@pytest.mark.slow
 def test_an_oversized_batch_reports_fits_false(compile_report, tmp_path):
   config = pretraining_defaults.get_config("large")
   config.model.update(dtype="bfloat16", scan_layers=True)

@@ -281,6 +281,7 @@ def test_nsp_objective_and_packing_are_rejected_by_name(dynamic_records):
 # ------------------------------------------------------------------------------ a run
 
 
+@pytest.mark.slow
 def test_demo_quick_run_on_contiguous_instances(tmp_path):
   """`bert_jax.main --config=experiments/pretrain_demo.py:quick --config.objective=mlm
   --config.data.instances=contiguous`, in process."""

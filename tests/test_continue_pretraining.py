@@ -49,6 +49,7 @@ def test_quick_run_takes_everything_from_the_checkpoint(tmp_path, capsys):
   assert np.isfinite(result["eval_loss"])
 
 
+@pytest.mark.slow
 def test_heads_missing_from_the_checkpoint_are_named(tmp_path, capsys):
   config = fx.tiny_bert_config()
   encoder = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(1))

@@ -169,6 +169,7 @@ def test_checkpoint_mismatch_lists_the_tensors():
     finetuning.merge_pretrained(model, bad, (r"head/.*",), "ckpt")
 
 
+@pytest.mark.slow
 def test_glue_all_with_seeds_writes_summary_and_score_table(data, capsys):
   config = glue_all_experiment.get_config("seeds=2,quick")
   config.init_checkpoint, config.data.glue_dir = data["ckpt"], data["glue"]

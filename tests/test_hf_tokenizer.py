@@ -201,6 +201,7 @@ def test_build_vocab_cli_writes_a_bpe_tokenizer_json(tmp_path):
   assert hf.encode_batch(CORPUS) == full.encode_batch(CORPUS)
 
 
+@pytest.mark.slow
 def test_create_pretraining_data_cli_with_tokenizer_file(tmp_path, bpe_file):
   import tensorflow as tf
   from data_pipelines import features as F

@@ -165,6 +165,7 @@ def test_cut_batches_predict_what_fixed_shapes_predict(name, data, monkeypatch):
   _assert_same(cut_predictions, fixed_predictions)
 
 
+@pytest.mark.slow
 def test_training_with_cut_batches_equals_fixed_shapes_without_dropout(data, monkeypatch):
   """Dropout off (the checkpoint's and the head's): only the padding computed differs."""
   lengths = _record_lengths(monkeypatch)

@@ -74,6 +74,7 @@ def test_fine_tuning_takes_a_modern_encoder(modern_checkpoint, tmp_path, kind):
   assert loaded.bert_config.is_modern
 
 
+@pytest.mark.slow
 def test_classifier_exports_compute_what_it_predicts(modern_checkpoint, tmp_path):
   workdir = fx.fine_tune(str(tmp_path), "mrpc", modern_checkpoint)
   best = os.path.join(workdir, "best")

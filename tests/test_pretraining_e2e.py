@@ -136,6 +136,7 @@ def test_sigterm_saves_exits_0_and_the_same_command_ends_bitwise_as_the_uninterr
     np.testing.assert_array_equal(ours[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_to_previous(reference_run, tmp_path, capsys):
   base, config, _ = reference_run
   import shutil

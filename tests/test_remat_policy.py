@@ -8,7 +8,9 @@ from bert_jax.model import modeling
 from tests.test_splash_attention import B, S, _config, _masks
 
 
-@pytest.mark.parametrize("policy", ["dots_with_no_batch_dims_saveable", "everything_saveable"])
+@pytest.mark.parametrize("policy", [
+    pytest.param("dots_with_no_batch_dims_saveable", marks=pytest.mark.slow),   # 18 s on 2 cores
+    "everything_saveable"])
 def test_remat_policies_change_what_is_kept_not_what_is_computed(policy):
   """BertConfig.remat_policy: the same loss and gradients as no remat (each policy only decides
   which forward values the backward pass recomputes)."""

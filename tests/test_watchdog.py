@@ -43,6 +43,7 @@ def _assert_stopped_with_stacks(result, workdir, where):
   assert "DONE" not in result.stdout
 
 
+@pytest.mark.slow
 def test_an_input_that_blocks_ends_the_run_with_stacks(tmp_path):
   result, seconds = _run("blocked_input", tmp_path / "work")
   _assert_stopped_with_stacks(result, tmp_path / "work", "_sleeping_batch")

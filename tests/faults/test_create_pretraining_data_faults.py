@@ -102,6 +102,7 @@ def _full_disk_then_rerun(small_disk, corpus, reference, *extra):
   _rerun_writes_the_reference(command, output, reference)
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_writes_the_uninterrupted_files(corpus, reference, tmp_path):
   output = str(tmp_path / "out" / "train.tfrecord")
   _kill_9_then_rerun(_command(corpus, output), output, reference)
@@ -146,6 +147,7 @@ def test_kill_9_then_rerun_on_beam_writes_the_uninterrupted_files(corpus, refere
                      output, reference)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_named_and_the_rerun_writes_the_uninterrupted_files(small_disk, corpus,
                                                                            reference):
   _full_disk_then_rerun(small_disk, corpus, reference)

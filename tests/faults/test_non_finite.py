@@ -34,6 +34,7 @@ def test_fine_tuning_skips_counts_and_stops(tmp_path):
   _assert_counted_then_stopped(tmp_path / "work", 3)
 
 
+@pytest.mark.slow
 def test_the_feature_based_tagger_skips_counts_and_stops(tmp_path):
   from experiments import ner_feature_based as experiment
   from bert_jax.text import tokenization

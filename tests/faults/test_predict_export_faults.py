@@ -189,6 +189,7 @@ def test_predict_and_export_of_a_damaged_best_dir_stop_naming_the_file(fine_tune
     assert not os.path.exists(str(output) + ".partial")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bytes_changed", "truncated"])
 def test_export_of_a_pretraining_workdir_whose_newest_checkpoint_is_damaged(kind, reference,
                                                                            tmp_path):

@@ -107,6 +107,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.slow
 def test_every_write_path_fails_naming_an_object_the_store_lost(emulator, tmp_path):
   root = f"gs://{BUCKET}/w"
   with lossy_store(emulator, LOSE) as store:
