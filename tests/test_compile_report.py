@@ -195,8 +195,8 @@ def _search(compile_report, monkeypatch, memory, usable, missed_by_the_error=0,
             says_usable=True):
   """find_max_batch against a stand-in compiler: a batch fits when memory(batch) <= usable; a
   failure reports what the compiler's error gives (required bytes, less `missed_by_the_error`,
-  and the usable bytes unless not `says_usable`; no memory analysis). Returns (the largest batch found, the largest that
-  fits, the batches compiled)."""
+  and the usable bytes unless not `says_usable`; no memory analysis). Returns (the largest batch
+  found, the largest that fits, the batches compiled)."""
   unit = 4
   compiled = []
 

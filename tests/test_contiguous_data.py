@@ -13,7 +13,6 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.tasks.jobs import pretraining
-from bert_jax.text import tokenization
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import features as F
 from data_pipelines import input_pipeline, masking, packing
