@@ -31,6 +31,7 @@ sdpa path); its FLOPs are the full [S, S] products', which both compute below 1,
 (default `auto`: `local_attention.use_blocks`), to measure where the two cross.
 """
 import argparse
+import functools
 import json
 import os
 
@@ -45,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.model import flops, kernels, local_attention, modeling  # noqa: E402
+from bert_jax.model import flops, kernels, local_attention, modern  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
 
@@ -133,16 +134,11 @@ def attention_data(args):
 def jax_attention(args, predictions):
   """A call: the gradients (q, k, v) of <attention(q, k, v), cotangent>, as `torch_attention`'s."""
   del predictions
-  window, blocks = args.local_attention // 2, kernels.select("auto")
   q, k, v, cotangent = (jnp.asarray(x, args.precision) for x in attention_data(args))
-  identity = lambda probs: probs   # no attention dropout (ModernBERT's default)
-  if local_attention.use_blocks(args.seq, window):
-    segments = jnp.ones(q.shape[:2], jnp.int32)
-    attend = lambda q, k, v: local_attention.blocked_attention(q, k, v, segments, window, identity)
-  else:
-    full = modeling.attention_bias(jnp.ones(q.shape[:2], jnp.int32), causal=False)
-    bias = local_attention.banded_bias(full, args.seq, window)                 # [B, 1, S, S]
-    attend = lambda q, k, v: blocks.attention(q, k, v, bias, identity)
+  # The model's own local-layer dispatch (band or blocks by length), no padding, no dropout.
+  context = modern.attention_context(model_config(args), jnp.ones(q.shape[:2], jnp.int32), None,
+                                     "xla", args.seq)
+  attend = functools.partial(context.attend, is_global=False, dropout=lambda probs: probs)
   grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v) * cotangent), argnums=(0, 1, 2)))
   return lambda: jax.block_until_ready(grad(q, k, v))
 

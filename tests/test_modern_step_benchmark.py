@@ -24,8 +24,8 @@ def test_decoder_part_computes_the_same_gradients_on_both_sides():
 
 @pytest.mark.parametrize("seq", [256, 1024])   # the band; the blocks
 def test_attention_part_computes_the_same_gradients_on_both_sides(seq):
-  args = argparse.Namespace(batch=1, seq=seq, hidden=64, local_attention=128, threads=1,
-                            precision="float32")
+  args = argparse.Namespace(batch=1, seq=seq, layers=1, hidden=64, local_attention=128,
+                            threads=1, precision="float32")
   ours = bench.jax_attention(args, predictions=0)()
   theirs = bench.torch_attention(args, predictions=0)()
   for name, a, b in zip("qkv", ours, theirs):
