@@ -151,7 +151,7 @@ def transformers_modernbert_mlm(bert_config, attn_implementation: str = "sdpa"):
       vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
       num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
       local_attention=c.local_attention, global_attn_every_n_layers=c.global_attn_every_n_layers,
-      sparse_prediction=True, attn_implementation=attn_implementation)
+      pad_token_id=c.pad_token_id, sparse_prediction=True, attn_implementation=attn_implementation)
   return transformers.ModernBertForMaskedLM(config).train()
 
 

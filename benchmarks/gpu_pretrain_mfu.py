@@ -5,6 +5,8 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
   python -m benchmarks.gpu_pretrain_mfu --peer=none --variants=current,bf16_attention_logits
   python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=base --seq=1024 --batch=32 \
       --variants=current,xla_attention --peer=torch,torch_compile   # BERT_JAX_ALLOW_TRITON=1
+  python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=mini --vocab_size=8000 \
+      --local_attention=64 --seq=128 --batch=64 --max_pred=40 --dtype=float32  # time_to_quality's
 
 bert_jax's pre-training step (AdamW, dropout on, bfloat16 compute with float32 master weights;
 the job `tasks.registry.job` gives, placed and compiled as a run does: `runtime.job.state_and_step`)
@@ -57,7 +59,7 @@ from bert_jax.model import flops, local_attention, modeling  # noqa: E402
 from bert_jax.runtime import job as jobs  # noqa: E402
 from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
-from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.model.config import BertConfig, modern_counterpart  # noqa: E402
 from data_pipelines import packing  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
@@ -170,7 +172,16 @@ def jax_config(args, overrides=()):
 
 
 def modern_bert_config(args) -> BertConfig:
-  return BertConfig.named(f"modernbert-{args.size}", vocab_size=MODERN_VOCAB)
+  """ModernBERT-base or -large, or another BERT size's ModernBERT-family counterpart
+  (`config.modern_counterpart`, as benchmarks/time_to_quality trains BERT-mini's); the vocabulary
+  and the local window as `--vocab_size` and `--local_attention` say."""
+  vocab = {"vocab_size": args.vocab_size, "pad_token_id": 0} if args.vocab_size else {
+      "vocab_size": MODERN_VOCAB}   # another vocabulary: a WordPiece one, [PAD] = 0
+  if args.size in ("base", "large"):
+    config = BertConfig.named(f"modernbert-{args.size}", **vocab)
+  else:
+    config = modern_counterpart(BertConfig.named(args.size), **vocab)
+  return config.replace(local_attention=args.local_attention or config.local_attention)
 
 
 def modern_jax_config(args, overrides=()):
@@ -248,10 +259,13 @@ def torch_step(args, batch):
 
 
 def torch_modern_step(args, batch, compiled: bool):
-  """transformers' ModernBertForMaskedLM of the same shapes on the same batch (bf16 autocast,
-  AdamW, no clipping: the recipe has none), eager or under torch.compile."""
+  """transformers' ModernBertForMaskedLM of the same shapes on the same batch (bf16 autocast, or
+  float32 throughout with `--dtype=float32`; AdamW, no clipping: the recipe has none), eager or
+  under torch.compile."""
   import torch
   device = "cuda" if torch.cuda.is_available() else "cpu"   # the CPU: to try the script out
+  # float32: TF32 products, as XLA's default precision computes float32 matmuls on a GPU.
+  torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
   model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
@@ -261,7 +275,7 @@ def torch_modern_step(args, batch, compiled: bool):
   def run(steps):
     for _ in range(steps):
       opt.zero_grad(set_to_none=True)
-      with torch.autocast(device, dtype=torch.bfloat16):
+      with torch.autocast(device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
         loss = forward(**inputs).loss
       loss.backward()
       opt.step()
@@ -280,7 +294,8 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     # cannot share one); this benchmark never imports TensorFlow, so it may let Triton in.
     raise SystemExit("--peer=torch_compile needs Triton (torch.compile's GPU kernels): run "
                      "with BERT_JAX_ALLOW_TRITON=1")
-  batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred, MODERN_VOCAB)
+  batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred,
+                                      modern_bert_config(args).vocab_size)
   variants = args.variants.split(",")
   fns, implementation = {}, {}
   for variant in variants:
@@ -332,7 +347,13 @@ def save_lengths(pattern: str, out: str) -> None:
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--family", default="bert", choices=["bert", "modernbert"])
-  parser.add_argument("--size", default="base", help="bert: a BERT size; modernbert: base|large")
+  parser.add_argument("--size", default="base",
+                      help="bert: a BERT size; modernbert: base|large, or a BERT size (its "
+                           "ModernBERT-family counterpart, e.g. mini: time_to_quality's model)")
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="modernbert: the vocabulary (0: ModernBERT's 50,368)")
+  parser.add_argument("--local_attention", type=int, default=0,
+                      help="modernbert: the local layers' window (0: the model's)")
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--batch", type=int, default=256, help="rows per step")
   parser.add_argument("--max_pred", type=int, default=0,

@@ -54,7 +54,8 @@ def test_the_benchmark_times_the_modern_step_against_transformers_on_a_cpu():
   pytest.importorskip("transformers", reason="the peer is transformers' ModernBertForMaskedLM")
   run = _python(NO_TENSORFLOW + textwrap.dedent("""
       import runpy
-      sys.argv = ["gpu_pretrain_mfu", "--family=modernbert", "--size=base", "--seq=128",
+      sys.argv = ["gpu_pretrain_mfu", "--family=modernbert", "--size=mini", "--seq=128",
+                  "--vocab_size=8000", "--local_attention=64", "--dtype=float32",
                   "--batch=1", "--steps=1", "--rounds=1", "--matmul_n=128", "--peer=torch",
                   "--variants=current,cudnn_local_blocks"]
       runpy.run_module("benchmarks.gpu_pretrain_mfu", run_name="__main__")
@@ -64,6 +65,7 @@ def test_the_benchmark_times_the_modern_step_against_transformers_on_a_cpu():
   assert [r["side"] for r in results] == ["current", "cudnn_local_blocks", "torch"]
   for r in results:
     assert r["family"] == "modernbert" and r["masked_per_row"] == 38 and r["steps_per_sec"] > 0
+    assert r["size"] == "mini" and r["dtype"] == "float32"
   assert results[0]["attention"] == "xla" and results[2]["attention"] == "sdpa"
   assert results[0]["ratio_vs_torch"] > 0
 
@@ -76,3 +78,19 @@ def test_the_torch_compile_peer_asks_for_triton_before_compiling_anything(monkey
   args = argparse.Namespace(peer="torch,torch_compile")
   with pytest.raises(SystemExit, match="BERT_JAX_ALLOW_TRITON=1"):
     gpu_pretrain_mfu.run_modern(args, "cpu", peak=1.0, matmul=1.0)
+
+
+def test_the_modern_family_takes_a_bert_sizes_counterpart_and_another_vocabulary():
+  # --size=mini: the model benchmarks/time_to_quality trains (its vocabulary's [PAD] is 0).
+  import argparse
+  from benchmarks import gpu_pretrain_mfu
+  from bert_jax.model.config import BertConfig
+  mini = gpu_pretrain_mfu.modern_bert_config(
+      argparse.Namespace(size="mini", vocab_size=8000, local_attention=64))
+  assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads,
+          mini.intermediate_size) == (4, 256, 4, 704)
+  assert (mini.vocab_size, mini.pad_token_id, mini.local_attention) == (8000, 0, 64)
+  assert mini.architecture == "modernbert"
+  base = gpu_pretrain_mfu.modern_bert_config(
+      argparse.Namespace(size="base", vocab_size=0, local_attention=0))
+  assert base == BertConfig.named("modernbert-base", vocab_size=50368)
