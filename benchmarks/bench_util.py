@@ -7,6 +7,7 @@ timed in alternating rounds (ours, theirs, ours, theirs, ...) and each side's be
 a burst of outside load then hurts both sides alike instead of whichever ran during it.
 """
 import contextlib
+import json
 import os
 import platform
 import time
@@ -81,6 +82,15 @@ def seed_spread(values: Sequence[float]) -> dict:
   summary uses; imported when called so that a peer's process does not load JAX for it."""
   from bert_jax.tasks.framework import finetuning
   return finetuning.seed_spread(values)
+
+
+def write_report(out: str, name: str, result: dict, table: str) -> None:
+  """OUT/NAME.json (the whole result) and OUT/NAME.md (its markdown table, also printed)."""
+  with open(os.path.join(out, f"{name}.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  with open(os.path.join(out, f"{name}.md"), "w") as f:
+    f.write(table + "\n")
+  print(table)
 
 
 def machine_line() -> str:

@@ -32,7 +32,6 @@ Output: OUT/modern_growth.json, OUT/modern_growth.md (the tables for benchmarks/
 with --plot=PNG, held-out accuracy against training compute, every run.
 """
 import argparse
-import json
 import os
 import shutil
 from typing import Dict, List
@@ -127,11 +126,12 @@ def at_cost(points: List[Dict[str, float]], key: str, value: float, offset: floa
 
 
 def spread(values) -> str:
+  """"mean +- sample std" over the seeds that reached the point, "-" if none did."""
   values = [v for v in values if not np.isnan(v)]
   if not values:
     return "-"
-  std = np.std(values, ddof=1) if len(values) > 1 else 0.0
-  return f"{np.mean(values):.3f} +- {std:.3f}"
+  summary = bench_util.seed_spread(values)
+  return f"{summary['mean']:.3f} +- {summary['std']:.3f}"
 
 
 def markdown(result) -> str:
@@ -224,14 +224,9 @@ def main() -> None:
       run = train(kind, seed, args)
       result["runs"][f"{kind}_s{seed}"] = run
       print(f"{kind} seed {seed}: {run['curve'][-1]}", flush=True)
-  table = markdown(result)
-  with open(os.path.join(args.out, "modern_growth.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  with open(os.path.join(args.out, "modern_growth.md"), "w") as f:
-    f.write(table + "\n")
+  bench_util.write_report(args.out, "modern_growth", result, markdown(result))
   if args.plot:
     plot(result, args.plot)
-  print(table)
 
 
 if __name__ == "__main__":

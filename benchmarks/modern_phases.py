@@ -31,7 +31,6 @@ ones without losing the short ones, and what the decay adds at both lengths.
 Output: OUT/modern_phases.json and OUT/modern_phases.md (the table for benchmarks/RESULTS.md).
 """
 import argparse
-import json
 import math
 import os
 import shutil
@@ -173,12 +172,7 @@ def main() -> None:
   for phase in PHASES:
     result["scores"][phase] = {str(n): score(phase, args, n) for n in lengths}
     print(f"{phase} held-out: {result['scores'][phase]}", flush=True)
-  table = markdown(result)
-  with open(os.path.join(args.out, "modern_phases.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  with open(os.path.join(args.out, "modern_phases.md"), "w") as f:
-    f.write(table + "\n")
-  print(table)
+  bench_util.write_report(args.out, "modern_phases", result, markdown(result))
 
 
 if __name__ == "__main__":
