@@ -78,8 +78,9 @@ def torch_matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "flo
 
 
 def seed_spread(values: Sequence[float]) -> dict:
-  """`bert_jax.tasks.framework.finetuning.seed_spread` (mean, sample std, min, max, n), the one every seed
-  summary uses; imported when called so that a peer's process does not load JAX for it."""
+  """`bert_jax.tasks.framework.finetuning.seed_spread` (mean, sample std, min, max, n), the one
+  every seed summary uses; imported when called so that a peer's process does not load JAX for
+  it."""
   from bert_jax.tasks.framework import finetuning
   return finetuning.seed_spread(values)
 
@@ -114,7 +115,8 @@ def minilm_checkpoint_dir() -> str:
 
 
 def torch_adamw(model, lr: float):
-  """The PyTorch peer's optimizer: AdamW as BERT (eps 1e-6, decay 0.01, none on biases/LayerNorm)."""
+  """The PyTorch peer's optimizer: AdamW as BERT (eps 1e-6, decay 0.01, none on biases and
+  LayerNorm)."""
   import torch
   no_decay = lambda name: name.endswith("bias") or "LayerNorm" in name
   groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
