@@ -55,7 +55,7 @@ from experiments import pretrain_demo  # noqa: E402
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=1, intermediate_size=96)
 
 
-def run_config(kind: str, seed: int, args, out: str):
+def run_config(kind: str, seed: int, args):
   """The twin's config for one run (module docstring)."""
   c = pretrain_demo.get_config("recipe=modern")
   c.seed = seed
@@ -68,7 +68,7 @@ def run_config(kind: str, seed: int, args, out: str):
     c.model.update(SMALL)
     c.num_train_steps = args.small_steps
   elif kind != "scratch":
-    c.init_checkpoint = os.path.join(out, f"small_s{seed}")
+    c.init_checkpoint = os.path.join(args.out, f"small_s{seed}")
     c.init_tiling = kind
   c.warmup_steps = min(c.warmup_steps, c.num_train_steps // 4)   # 300 of the twin's 2,000
   return c
@@ -106,7 +106,7 @@ def train(kind: str, seed: int, args) -> Dict[str, object]:
   if os.path.exists(shared) and not os.path.exists(os.path.join(workdir, "data")):
     os.makedirs(workdir, exist_ok=True)          # one build of the corpus, vocabulary and records
     shutil.copytree(shared, os.path.join(workdir, "data"))
-  config = run_config(kind, seed, args, args.out)
+  config = run_config(kind, seed, args)
   pretraining.train_and_evaluate(config, workdir)
   if not os.path.exists(shared):
     shutil.copytree(os.path.join(workdir, "data"), shared)
@@ -123,6 +123,13 @@ def at_cost(points: List[Dict[str, float]], key: str, value: float, offset: floa
   if value < costs[0] or value > costs[-1] + 1e-9 * abs(costs[-1]):
     return float("nan")
   return float(np.interp(value, costs, [p["mlm_accuracy"] for p in points]))
+
+
+def charged(run, runs, key: str) -> float:
+  """Where a run's own cost `key` starts: a grown run after its small model's whole training."""
+  if run["kind"] in ("small", "scratch"):
+    return 0.0
+  return runs[f"small_s{run['seed']}"]["curve"][-1][key]
 
 
 def spread(values) -> str:
@@ -149,25 +156,20 @@ def markdown(result) -> str:
                                  if p["step"] == step), float("nan")) for s in seeds]))
     own = [runs[f"{kind}_s{s}"]["curve"][-1]["train_seconds"] for s in seeds]
     lines.append(f"| {kind} | " + " | ".join(cells) + f" | {np.mean(own):.0f} |")
-  for key, title, unit in (("flops", "At equal training compute (FLOPs; a grown run is charged "
-                                    "its small model's first)", 1e12),
-                           ("train_seconds", "At equal training time (a grown run's clock starts "
-                                             "at its small model's training time)", 1.0)):
+  for key, title, shown in (
+      ("flops", "At equal training compute (FLOPs; a grown run is charged its small model's "
+                "first)", lambda m: f"{m / 1e12:.2f} TFLOP"),
+      ("train_seconds", "At equal training time (a grown run's clock starts at its small "
+                        "model's training time)", lambda m: f"{m:.0f} s")):
     total = np.mean([runs[f"scratch_s{s}"]["curve"][-1][key] for s in seeds])
     marks = [total * f for f in (0.25, 0.5, 0.75, 1.0)]
-    label = "TFLOP" if key == "flops" else "s"
-    lines += ["", title + ":", "",
-              "| run | " + " | ".join(f"{m / unit:.2f} {label}" if key == "flops" else
-                                      f"{m:.0f} {label}" for m in marks) + " |",
+    lines += ["", title + ":", "", "| run | " + " | ".join(map(shown, marks)) + " |",
               "|---" * (len(marks) + 1) + "|"]
     for kind in kinds[1:]:
       cells = []
       for mark in marks:
-        values = []
-        for s in seeds:
-          offset = 0.0 if kind == "scratch" else runs[f"small_s{s}"]["curve"][-1][key]
-          values.append(at_cost(runs[f"{kind}_s{s}"]["curve"], key, mark, offset))
-        cells.append(spread(values))
+        cells.append(spread([at_cost(runs[f"{kind}_s{s}"]["curve"], key, mark,
+                                     charged(runs[f"{kind}_s{s}"], runs, key)) for s in seeds]))
       lines.append(f"| {kind} | " + " | ".join(cells) + " |")
   lines += ["", f"{result['machine']}."]
   return "\n".join(lines)
@@ -181,9 +183,7 @@ def plot(result, path: str) -> None:
             "center": "tab:orange", "tile_from_edge": "tab:purple"}
   fig, (by_flops, by_step) = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
   for run in result["runs"].values():
-    offset = 0.0
-    if run["kind"] not in ("small", "scratch"):
-      offset = result["runs"][f"small_s{run['seed']}"]["curve"][-1]["flops"]
+    offset = charged(run, result["runs"], "flops")
     accuracy = [p["mlm_accuracy"] for p in run["curve"]]
     style = dict(marker=".", color=colors.get(run["kind"], "black"),
                  linestyle="-" if run["seed"] == result["args"]["seeds"][0] else "--",

@@ -13,8 +13,8 @@ def _args(**overrides):
 
 
 def test_training_flops_follow_the_batch_ramp_and_the_model():
-  twin = modern_growth.run_config("scratch", 0, _args(), "/tmp/unused")
-  small = modern_growth.run_config("small", 0, _args(), "/tmp/unused")
+  twin = modern_growth.run_config("scratch", 0, _args())
+  small = modern_growth.run_config("small", 0, _args())
   assert small.model.hidden_size * 2 == twin.model.hidden_size
   assert small.model.num_hidden_layers * 2 == twin.model.num_hidden_layers
   per_step = [modern_growth.training_flops(twin, k + 1) - modern_growth.training_flops(twin, k)
