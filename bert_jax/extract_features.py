@@ -24,8 +24,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from bert_jax import families
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import modeling
+from bert_jax.model import layers
 from bert_jax.runtime import inference
 from bert_jax.text.pairs import join_pair, truncate_seq_pair
 
@@ -47,15 +48,17 @@ def read_examples(path: str) -> Iterator[Tuple[int, str, Optional[str]]]:
 
 
 def encode(tokenizer, text_a: str, text_b: Optional[str], max_seq_length: int):
-  """[CLS] A [SEP] (B [SEP]) -> (tokens, ids, segment ids), truncated as the original."""
+  """[CLS] A [SEP] (B [SEP]) -> (tokens, ids, segment ids), truncated as the original; a
+  tokenizer whose pairs take two separators (RoBERTa's `<s> A </s></s> B </s>`) joins them so."""
+  separators = getattr(tokenizer, "pair_separators", 1)
   tokens_a = tokenizer.tokenize(text_a)
   tokens_b = tokenizer.tokenize(text_b) if text_b is not None else None
   if tokens_b is not None:
-    truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
+    truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 2 - separators)
   else:
     tokens_a = tokens_a[:max_seq_length - 2]
   cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])  # [CLS], <s>
-  tokens, segments = join_pair(tokens_a, tokens_b, cls, sep)
+  tokens, segments = join_pair(tokens_a, tokens_b, cls, sep, separators)
   ids = tokenizer.convert_tokens_to_ids(tokens)
   return tokens, ids, segments
 
@@ -68,9 +71,8 @@ class FeatureExtractor:
                dtype: str = "float32", length_bucket: int = 0):
     self.config, params = checkpoints.load_pretrained(init_checkpoint)
     self.config = self.config.replace(dtype=dtype)
-    if max_seq_length > self.config.max_position_embeddings:
-      raise ValueError(f"--max_seq_length={max_seq_length} exceeds the checkpoint's position "
-                       f"table (max_position_embeddings={self.config.max_position_embeddings})")
+    self.family = families.of(self.config)
+    self.family.check_length(self.config, max_seq_length, init_checkpoint)
     self.params = jax.device_put(params["bert"])
     self.max_seq_length, self.batch_size = max_seq_length, batch_size
     self.length_bucket = length_bucket
@@ -80,7 +82,9 @@ class FeatureExtractor:
   def hidden_states(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
     """[B, S] numpy inputs (B <= batch_size, S <= max_seq_length) -> [L+1, B, S', H] float32
     numpy: S' is max_seq_length, or the bucket holding the longest row."""
-    modeling.check_inputs(self.config, ids, segments)  # clear errors before any compilation
+    # Clear errors before any compilation; a family without token types ignores the segments.
+    layers.check_inputs(self.config, ids, segments if self.family.token_types else None,
+                        self.family.max_positions(self.config))
     arrays = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
     out = self._encoder.batch(self.params, arrays, np.arange(ids.shape[0]), self.max_seq_length)
     return np.asarray(out["hidden_states"], np.float32).swapaxes(0, 1)     # [L+1, B, S', H]
@@ -122,7 +126,7 @@ def extract(input_file: str, output_file: str, init_checkpoint: str, tokenizer,
   with filesystem.open(output_file, "w") as out:
     for batch in _batches(read_examples(input_file), tokenizer, max_seq_length, batch_size):
       length = max(len(b[2]) for b in batch)
-      ids = np.zeros((len(batch), length), np.int32)
+      ids = np.full((len(batch), length), tokenizer.pad_id, np.int32)   # as transformers pads
       segments, mask = np.zeros_like(ids), np.zeros_like(ids)
       for row, (_, _, token_ids, segment_ids) in enumerate(batch):
         ids[row, :len(token_ids)] = token_ids

@@ -344,8 +344,12 @@ def _shipped_tokenizer(tokenizer, work_dir: str) -> dict:
   kwargs = cpd.tokenizer_kwargs(tokenizer)
   for key in ("vocab_file", "spm_model_file", "tokenizer_file"):
     if kwargs.get(key) and filesystem.is_url(work_dir) and not filesystem.is_url(kwargs[key]):
-      shipped = filesystem.join(work_dir, filesystem.basename(kwargs[key]))
-      filesystem.copy(kwargs[key], shipped)
+      if key == "tokenizer_file":   # one tokenizer.json (RoBERTa's vocab.json needs its merges)
+        shipped = filesystem.join(work_dir, "tokenizer.json")
+        filesystem.write_text(shipped, tokenizer.tokenizer_json())
+      else:
+        shipped = filesystem.join(work_dir, filesystem.basename(kwargs[key]))
+        filesystem.copy(kwargs[key], shipped)
       kwargs[key] = shipped
   return kwargs
 

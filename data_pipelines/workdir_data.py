@@ -168,10 +168,13 @@ def _build(paths, data_dir: str, corpus: Corpus, settings: Settings,
                                 vocab_size=settings.learned_vocab_size, do_lower_case=True)
     tokenizer = _learned(paths["vocab.txt"])
   else:
-    if filesystem.absolute(vocabulary.path) != filesystem.absolute(
-        filesystem.join(data_dir, vocabulary.name)):   # not the copy itself
-      filesystem.copy(vocabulary.path, filesystem.join(data_dir, vocabulary.name))
     tokenizer = vocabulary.tokenizer()
+    copy = filesystem.join(data_dir, vocabulary.name)
+    if filesystem.absolute(vocabulary.path) != filesystem.absolute(copy):   # not the copy itself
+      if vocabulary.tokenizer_file:   # one tokenizer.json, whatever it was read from
+        filesystem.write_text(copy, tokenizer.tokenizer_json())
+      else:
+        filesystem.copy(vocabulary.path, copy)
   for split in ("train", "eval"):
     create_pretraining_data.create_pretraining_data(
         [paths[f"{split}.txt"]], [paths[f"{split}.tfrecord"]], tokenizer,

@@ -23,7 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.learning_rate = 2e-5
   c.num_train_epochs = 3.0
   c.warmup_proportion = 0.1          # linear warm-up over this fraction of the steps
-  c.head_dropout = 0.1               # dropout on the pooled output before the new classifier
+  # Dropout before the task's new output layer; None: the model family's (transformers' default
+  # for it: 0.1 for BERT and RoBERTa, ModernBERT's classifier_dropout 0.0).
+  c.head_dropout = ml_collections.config_dict.placeholder(float)
   # Compute settings (BertConfig.RUNTIME_FIELDS); the architecture comes from the checkpoint.
   # causal_attention=True fine-tunes the left-to-right ablation (pre-trained with
   # --config.objective=ltr) left to right. kernels: "auto" picks the hand-tuned or textbook

@@ -16,7 +16,9 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # The BertConfig fields (bert_config.json names) plus how to compute them: dtype, scan_layers,
   # remat, float32_attention_logits, kernels, attention (bert_jax/model/config.py).
   c.model = BertConfig.named(size).to_dict()
-  c.objective = "mlm_nsp"            # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP)
+  # mlm_nsp | mlm (No NSP) | ltr (left-to-right, No NSP) | "" (the model family's own: mlm_nsp
+  # for BERT, mlm for ModernBERT and RoBERTa; what continued pre-training of any checkpoint uses)
+  c.objective = "mlm_nsp"
   # Continued pre-training: config.model's architecture, the vocabulary and casing come from
   # init_checkpoint (experiments/continue_pretraining.py).
   c.model_from_checkpoint = False

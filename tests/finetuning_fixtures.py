@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from bert_jax.io import checkpoints
-from bert_jax.model import families, modeling
+from bert_jax import families
+from bert_jax.model import layers
 from bert_jax.model.config import BertConfig
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -127,15 +128,17 @@ def tiny_bert_config(**overrides) -> BertConfig:
   fields = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
   fields.update(overrides)
-  return BertConfig(**fields)
+  return BertConfig.create(**fields)
 
 
 def write_checkpoint(directory: str, seed: int = 0, vocab: List[str] = None, **overrides) -> str:
   """A random tiny encoder (+ pre-training heads) via save_pretrained, and its vocab.txt
   (`architecture="modernbert"` in `overrides`: a ModernBERT-family one)."""
   config = tiny_bert_config(**overrides)
-  model = families.pretraining_model(config, use_nsp=not config.is_modern)
-  params = modeling.init_params(model, jax.random.PRNGKey(seed))
+  family = families.of(config)
+  model = family.pretraining_model(
+      config, use_nsp="cls/seq_relationship" in family.pretraining_heads)
+  params = layers.init_params(model, jax.random.PRNGKey(seed))
   checkpoints.save_pretrained(config, params, directory)
   with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
     f.write("\n".join(vocab or VOCAB) + "\n")

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import kernels, modeling, ops
+from bert_jax.model import kernels, layers, ops, post_ln
 from bert_jax.model.config import BertConfig
 
 B, S = 3, 12
@@ -16,7 +16,7 @@ def _config(**overrides):
   fields = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, max_position_embeddings=S)
   fields.update(overrides)
-  return BertConfig(**fields)
+  return BertConfig.create(**fields)
 
 
 def _masks():
@@ -35,8 +35,8 @@ def _masks():
 def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, causal):
   config = _config(causal_attention=causal)
   ids, masks = _masks()
-  model = modeling.BertModel(config)
-  params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+  model = post_ln.BertModel(config)
+  params = layers.init_params(model, jax.random.PRNGKey(0), seq_len=S)
 
   # A fixed random projection: sum(out ** 2) would be constant under the final LayerNorm, leaving
   # gradients of pure rounding noise to compare.
@@ -49,7 +49,7 @@ def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, 
     return jnp.sum(out * real * weights)
 
   reference, reference_grads = jax.value_and_grad(loss)(params)
-  assert modeling.attention_implementation(config, deterministic=True) is None  # CPU: XLA path
+  assert layers.attention_implementation(config, deterministic=True) is None  # CPU: XLA path
 
   calls = []
 
@@ -57,7 +57,7 @@ def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, 
     calls.append(deterministic)
     return "xla"
 
-  monkeypatch.setattr(modeling, "attention_implementation", forced)
+  monkeypatch.setattr(post_ln, "attention_implementation", forced)
   fused, fused_grads = jax.value_and_grad(loss)(params)
   assert calls, "the dot_product_attention path was not taken"
   np.testing.assert_allclose(fused, reference, rtol=1e-5)
@@ -69,8 +69,8 @@ def test_dot_product_attention_path_equals_the_xla_path(monkeypatch, mask_kind, 
 def test_fused_attention_matches_softmax_attention():
   rng = np.random.RandomState(1)
   q, k, v = (jnp.asarray(rng.randn(B, S, 2, 8), jnp.float32) for _ in range(3))
-  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["padding"]), causal=False)  # [B,1,1,S]
-  out = modeling.fused_attention(q, k, v, bias, "xla")
+  bias = layers.attention_bias(jnp.asarray(_masks()[1]["padding"]), causal=False)  # [B,1,1,S]
+  out = layers.fused_attention(q, k, v, bias, "xla")
   logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(8) + bias
   expected = jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(logits, axis=-1), v)
   assert out.shape == (B, S, 2, 8)
@@ -79,7 +79,7 @@ def test_fused_attention_matches_softmax_attention():
 
 def test_cudnn_is_chosen_only_where_it_applies(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  choose = modeling.attention_implementation
+  choose = layers.attention_implementation
   bf16 = _config(dtype="bfloat16")
   assert choose(bf16, deterministic=True) == "cudnn"
   # Attention-probability dropout while training: cuDNN's kernel has none, keep XLA.
@@ -100,7 +100,7 @@ def test_cudnn_is_chosen_only_where_it_applies(monkeypatch):
 def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities(attention):
   rng = np.random.RandomState(2)
   q, k, v = (jnp.asarray(rng.randn(B, S, 2, 8), jnp.float32) for _ in range(3))   # [B, S, N, D]
-  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=True)
+  bias = layers.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=True)
   mask = jnp.asarray(rng.rand(B, 2, S, S) < 0.8, jnp.float32) / 0.8              # [B, N, S, S]
   out = attention(q, k, v, bias, lambda probs: probs * mask)
   logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(8) + bias
@@ -113,7 +113,7 @@ def test_xla_attention_is_softmax_attention_with_dropout_on_the_probabilities(at
 def test_xla_attention_logits_in_the_compute_dtype_are_rounded_then_softmaxed_in_float32():
   rng = np.random.RandomState(3)
   q, k, v = (jnp.asarray(2 * rng.randn(B, S, 2, 16), jnp.bfloat16) for _ in range(3))
-  bias = modeling.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=False)
+  bias = layers.attention_bias(jnp.asarray(_masks()[1]["block_diagonal"]), causal=False)
   keep = lambda probs: probs
   scaled_q = q / jnp.sqrt(16).astype(jnp.bfloat16)
   f32 = lambda a: np.asarray(a, np.float64)
@@ -140,8 +140,8 @@ def test_the_config_switch_reaches_the_attention_of_a_bfloat16_model(monkeypatch
                       lambda *args: seen.append(args[-1]) or original(*args))
   outputs = []
   for float32_logits in (True, False):
-    model = modeling.BertModel(_config(dtype="bfloat16", float32_attention_logits=float32_logits))
-    params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+    model = post_ln.BertModel(_config(dtype="bfloat16", float32_attention_logits=float32_logits))
+    params = layers.init_params(model, jax.random.PRNGKey(0), seq_len=S)
     seen.clear()
     outputs.append(np.asarray(model.apply({"params": params}, ids, masks["padding"])
                               ["sequence_output"], np.float32))

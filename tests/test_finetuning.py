@@ -248,11 +248,11 @@ def test_causal_pooler_reads_the_last_real_token():
   must come from the last real token, so it changes with any token of the input."""
   import flax.linen as nn
   import jax.numpy as jnp
-  from bert_jax.model import modeling
+  from bert_jax.model import post_ln
   from bert_jax.model.config import BertConfig
   config = BertConfig.named("tiny").replace(vocab_size=50, max_position_embeddings=16,
                                             causal_attention=True)
-  model = modeling.BertModel(config)
+  model = post_ln.BertModel(config)
   ids = jnp.array([[2, 5, 6, 7, 3, 0, 0, 0]])                  # [CLS] a b c [SEP] pad...
   mask = (ids > 0).astype(jnp.int32)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, mask))
@@ -263,7 +263,7 @@ def test_causal_pooler_reads_the_last_real_token():
   np.testing.assert_allclose(out["pooled_output"], expected, atol=1e-5)
   changed = ids.at[0, 2].set(9)
   assert not np.allclose(pooled(ids), pooled(changed))
-  bidirectional = modeling.BertModel(config.replace(causal_attention=False))
+  bidirectional = post_ln.BertModel(config.replace(causal_attention=False))
   np.testing.assert_allclose(bidirectional.apply(params, ids, mask)["pooled_output"],
                              jnp.tanh(bidirectional.apply(params, ids, mask)["sequence_output"][
                                  :, 0] @ kernel + bias), atol=1e-5)

@@ -64,9 +64,10 @@ def _modern(layers, hidden, heads, glu_width, **kw):
 def _params(config, seed):
   import jax
   from bert_jax.io import checkpoints
-  from bert_jax.model import families, modeling
-  model = families.pretraining_model(config, use_nsp=False)
-  return checkpoints.per_layer(modeling.init_params(model, jax.random.PRNGKey(seed)), config)
+  from bert_jax import families
+  from bert_jax.model import layers
+  model = families.of(config).pretraining_model(config, use_nsp=False)
+  return checkpoints.per_layer(layers.init_params(model, jax.random.PRNGKey(seed)), config)
 
 
 def test_grow_a_modern_model_part_by_part():
@@ -129,7 +130,8 @@ def test_a_larger_run_starts_from_the_smaller_checkpoint_tiled(tmp_path, capsys)
   import importlib
   import jax
   from bert_jax.io import checkpoints
-  from bert_jax.model import families, modeling
+  from bert_jax import families
+  from bert_jax.model import layers
   from bert_jax.tasks.jobs import init_checkpoint, pretraining
   from tests import finetuning_fixtures as fx
   config = importlib.import_module("experiments.pretrain_modernbert").get_config(
@@ -144,7 +146,7 @@ def test_a_larger_run_starts_from_the_smaller_checkpoint_tiled(tmp_path, capsys)
   assert "every parameter grown from its 2 x 32 model by tile_from_middle" in capsys.readouterr().out
   # What the run started from is the smaller model tiled (growth.grow on the same fresh init).
   large = pretraining.bert_config_from(config)
-  fresh = modeling.init_params(families.pretraining_model(large, use_nsp=False),
+  fresh = layers.init_params(families.of(large).pretraining_model(large, use_nsp=False),
                                jax.random.PRNGKey(0))
   started = init_checkpoint.load_init_checkpoint(small_dir, fresh, large, "tile_from_middle")
   small_config, small = checkpoints.load_pretrained(small_dir)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax.io import checkpoints
-from bert_jax.model import families
+from bert_jax import families
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.jobs import pretraining
 from bert_jax.tasks.tools import fine_tuned, serving
@@ -50,7 +50,7 @@ def test_phases_each_start_from_the_one_before(tmp_path):
     assert train[-1]["step"] == config.num_train_steps and np.isfinite(result["loss"])
     previous = tmp_path / phase
   saved, _ = checkpoints.load_pretrained(str(previous))
-  assert saved.is_modern and saved.global_rope_theta == 160_000.0
+  assert saved.architecture == "modernbert" and saved.global_rope_theta == 160_000.0
 
 
 def test_the_full_size_recipes():
@@ -71,7 +71,7 @@ def test_fine_tuning_takes_a_modern_encoder(modern_checkpoint, tmp_path, kind):
   results = json.loads(open(os.path.join(workdir, "results.json")).read())
   assert results, kind
   loaded = fine_tuned.load(os.path.join(workdir, "best"))
-  assert loaded.bert_config.is_modern
+  assert loaded.bert_config.architecture == "modernbert"
 
 
 @pytest.mark.slow
@@ -107,17 +107,18 @@ def test_classifier_exports_compute_what_it_predicts(modern_checkpoint, tmp_path
   np.testing.assert_allclose(logits.numpy(), ours, atol=1e-5)
 
 
-def test_token_level_transformers_export_is_a_clear_error(modern_checkpoint, tmp_path):
-  workdir = fx.fine_tune(str(tmp_path), "ner", modern_checkpoint)
-  with pytest.raises(ValueError, match="saved_model"):
-    serving.export(os.path.join(workdir, "best"), "huggingface", str(tmp_path / "hf"))
+def test_a_tagger_exports_as_transformers_token_classifier(modern_checkpoint, tmp_path):
+  """ModernBERT's tagger applies the prediction head on every token, as transformers'
+  ModernBertForTokenClassification does: the export computes its logits."""
+  from tests.test_family_matrix import _fine_tune_and_export
+  _fine_tune_and_export(lambda family: modern_checkpoint, tmp_path, "modernbert", "ner")
 
 
 def test_last_feature_layer_is_after_the_final_norm(modern_checkpoint):
   config, params = checkpoints.load_pretrained(modern_checkpoint)
   ids = np.array([[2, 10, 11, 12, 3, 0]], np.int32)
   mask = (ids > 0).astype(np.int32)
-  out = families.encoder(config, add_pooling_layer=False).apply(
+  out = families.of(config).encoder(config, add_pooling_layer=False).apply(
       {"params": params["bert"]}, ids, mask, output_hidden_states=True)
   assert out["hidden_states"].shape[0] == config.num_hidden_layers + 1
   np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])

@@ -19,7 +19,9 @@ torch = pytest.importorskip("torch", reason="torch (test extra) runs the referen
 transformers = pytest.importorskip("transformers", reason="transformers is the reference model")
 
 from bert_jax.io import checkpoints  # noqa: E402
-from bert_jax.model import families, local_attention, modeling, modern  # noqa: E402
+from bert_jax import families  # noqa: E402
+from bert_jax.model import layers, local_attention  # noqa: E402
+from bert_jax.families.modernbert import model as modern  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 
 TOL = 1e-5
@@ -71,12 +73,13 @@ def _transformers_outputs(model, ids, mask):
 def test_loaded_model_equals_transformers(reference, seq_len):
   directory, model = reference
   config, params = checkpoints.load_pretrained(directory)
-  assert config.is_modern and config.local_attention == 8 and config.window == 4
+  assert config.architecture == "modernbert"
+  assert config.local_attention == 8 and config.window == 4
   assert [config.is_global_layer(i) for i in range(4)] == [True, False, False, True]
   assert local_attention.use_blocks(seq_len, config.window) == (seq_len >= 1024)
   ids, mask = _batch(seq_len)
   hidden, logits = _transformers_outputs(model, ids, mask)
-  ours = families.pretraining_model(config, use_nsp=False).apply(
+  ours = families.of(config).pretraining_model(config, use_nsp=False).apply(
       {"params": params}, jnp.asarray(ids), jnp.asarray(mask))
   real = mask.astype(bool)   # padded positions' outputs are read by nothing
   np.testing.assert_allclose(np.asarray(ours["sequence_output"])[real], hidden[real], atol=TOL)
@@ -87,7 +90,7 @@ def test_masked_positions_give_the_full_logits_there(reference):
   directory, _ = reference
   config, params = checkpoints.load_pretrained(directory)
   ids, mask = _batch(40)
-  model = families.pretraining_model(config, use_nsp=False)
+  model = families.of(config).pretraining_model(config, use_nsp=False)
   full = model.apply({"params": params}, ids, mask)["mlm_logits"]
   positions = np.array([[0, 5, 30], [1, 2, 20]])
   sparse = model.apply({"params": params}, ids, mask, masked_lm_positions=positions)["mlm_logits"]
@@ -99,8 +102,8 @@ def test_export_loads_in_transformers_with_the_same_outputs(tmp_path):
   config = BertConfig.named("modernbert-base", num_hidden_layers=4, hidden_size=64,
                             num_attention_heads=4, intermediate_size=80, vocab_size=VOCAB,
                             local_attention=8, pad_token_id=0, max_position_embeddings=1024)
-  model = families.pretraining_model(config, use_nsp=False)
-  params = modeling.init_params(model, jax.random.PRNGKey(1))
+  model = families.of(config).pretraining_model(config, use_nsp=False)
+  params = layers.init_params(model, jax.random.PRNGKey(1))
   params = jax.tree_util.tree_map(lambda p: p + 0.05 * np.random.RandomState(0).standard_normal(
       p.shape).astype(np.float32), params)     # non-trivial norms and biases
   out = str(tmp_path / "export")
@@ -128,7 +131,7 @@ def test_encoder_export_is_a_modernbert_model(tmp_path):
   config = BertConfig.named("modernbert-base", num_hidden_layers=2, hidden_size=32,
                             num_attention_heads=2, intermediate_size=48, vocab_size=VOCAB,
                             pad_token_id=0)
-  params = modeling.init_params(families.encoder(config, add_pooling_layer=False),
+  params = layers.init_params(families.of(config).encoder(config, add_pooling_layer=False),
                                 jax.random.PRNGKey(0))
   out = str(tmp_path / "encoder")
   checkpoints.export_huggingface(config, {"bert": params}, out)
@@ -137,7 +140,8 @@ def test_encoder_export_is_a_modernbert_model(tmp_path):
   ids, mask = _batch(24, padded=3)
   with torch.no_grad():
     hidden = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
-  ours = families.encoder(config, add_pooling_layer=False).apply({"params": params}, ids, mask)
+  ours = families.of(config).encoder(config, add_pooling_layer=False).apply(
+      {"params": params}, ids, mask)
   real = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(ours["sequence_output"])[real], hidden.numpy()[real],
                              atol=TOL)
@@ -228,9 +232,10 @@ def test_scanned_layers_equal_per_layer(reference, tmp_path):
   scanned = checkpoints.to_model_layout(jax.tree_util.tree_map(np.copy, params), scanned_config)
   assert "layer_0" in scanned["bert"]["encoder"] and "layer" in scanned["bert"]["encoder"]
   ids, mask = _batch(40)
-  a = families.pretraining_model(config, use_nsp=False).apply({"params": params}, ids, mask,
+  a = families.of(config).pretraining_model(config, use_nsp=False).apply(
+      {"params": params}, ids, mask,
                                                               output_hidden_states=True)
-  b = families.pretraining_model(scanned_config, use_nsp=False).apply(
+  b = families.of(scanned_config).pretraining_model(scanned_config, use_nsp=False).apply(
       {"params": scanned}, ids, mask, output_hidden_states=True)
   for key in ("mlm_logits", "hidden_states"):
     np.testing.assert_allclose(a[key], b[key], atol=1e-6)
@@ -246,7 +251,7 @@ def test_scan_needs_whole_periods():
                             num_attention_heads=2, intermediate_size=48, vocab_size=VOCAB,
                             pad_token_id=0, scan_layers=True)
   with pytest.raises(ValueError, match="num_hidden_layers - 1 must divide"):
-    modeling.init_params(families.encoder(config), jax.random.PRNGKey(0))
+    layers.init_params(families.of(config).encoder(config), jax.random.PRNGKey(0))
 
 
 def test_named_sizes_have_transformers_parameter_counts():

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import kernels, modeling, ops
+from bert_jax.model import kernels, layers, ops
+from bert_jax.families.bert import model as bert_model
 from bert_jax.model.config import BertConfig
 
 
@@ -255,8 +256,8 @@ def _pretraining_loss_and_grads(spec: str, deterministic: bool = True):
   """Loss (MLM + NSP through the spec's cross-entropy) and parameter gradients of a tiny model."""
   config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=48, max_position_embeddings=S, kernels=spec)
-  model = modeling.BertForPreTraining(config)
-  params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+  model = bert_model.BertForPreTraining(config)
+  params = layers.init_params(model, jax.random.PRNGKey(0), seq_len=S)
   rng = np.random.RandomState(0)
   ids = jnp.asarray(rng.randint(5, V, size=(B, S)))
   mask = jnp.asarray(np.arange(S)[None] < np.array([[S], [7], [5]]), jnp.int32)      # [B, S]

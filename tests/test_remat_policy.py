@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import modeling
+from bert_jax.model import layers, post_ln
 from tests.test_splash_attention import B, S, _config, _masks
 
 
@@ -18,8 +18,8 @@ def test_remat_policies_change_what_is_kept_not_what_is_computed(policy):
   ids = np.random.RandomState(1).randint(5, 60, size=(B, S)) * padding
   results = []
   for overrides in ({}, {"remat": True, "remat_policy": policy}):
-    model = modeling.BertModel(_config("xla", **overrides))
-    params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+    model = post_ln.BertModel(_config("xla", **overrides))
+    params = layers.init_params(model, jax.random.PRNGKey(0), seq_len=S)
     loss = lambda p: jnp.sum(model.apply({"params": p}, ids, masks["padding"])["pooled_output"])
     results.append(jax.value_and_grad(loss)(params))
   np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)

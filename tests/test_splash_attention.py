@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import families, modeling, ops, splash
+from bert_jax import families
+from bert_jax.model import layers, ops, splash
 from bert_jax.model.config import BertConfig
 
 B, S, N, D = 2, 128, 2, 8      # the kernel's block is 128 positions
@@ -37,7 +38,7 @@ def test_kernel_equals_the_xla_path_with_gradients(mask_kind, causal):
   rng = np.random.RandomState(0)
   q, k, v = (jnp.asarray(rng.randn(B, S, N, D), jnp.float32) for _ in range(3))
   weights = jnp.asarray(rng.randn(B, S, N, D), jnp.float32) * padding[..., None, None]
-  bias = modeling.attention_bias(jnp.asarray(masks[mask_kind]), causal)
+  bias = layers.attention_bias(jnp.asarray(masks[mask_kind]), causal)
   segments = splash.segment_ids(jnp.asarray(masks[mask_kind]))
 
   def xla(q, k, v):
@@ -70,7 +71,7 @@ def test_one_kernel_shape_serves_every_trace():
   train(q, k, v)
   rows = np.array([0, 1, 1])                # 3 rows: a batch size the train trace never saw
   got = evaluate(q[rows], k[rows], v[rows], segments[rows])
-  bias = modeling.attention_bias(jnp.asarray(padding[rows]), False)
+  bias = layers.attention_bias(jnp.asarray(padding[rows]), False)
   expected = ops.xla_attention(q[rows], k[rows], v[rows], bias, lambda p: p)
   np.testing.assert_allclose(got * real[rows], expected * real[rows], rtol=1e-5, atol=1e-6)
 
@@ -143,7 +144,7 @@ def _config(attention, **overrides):
                 intermediate_size=64, max_position_embeddings=S, attention=attention,
                 attention_probs_dropout_prob=0.0)
   fields.update(overrides)
-  return BertConfig(**fields)
+  return BertConfig.create(**fields)
 
 
 def _modern_config(attention):
@@ -166,8 +167,8 @@ def test_a_whole_encoder_with_splash_equals_xla(mask_kind, family):
   results = {}
   for attention in ("xla", "splash"):
     config = _config(attention) if family == "bert" else _modern_config(attention)
-    model = families.encoder(config)
-    params = modeling.init_params(model, jax.random.PRNGKey(0), seq_len=S)
+    model = families.of(config).encoder(config)
+    params = layers.init_params(model, jax.random.PRNGKey(0), seq_len=S)
 
     def loss(params):
       out = model.apply({"params": params}, ids, masks[mask_kind],
@@ -189,12 +190,12 @@ def test_a_whole_encoder_with_splash_equals_xla(mask_kind, family):
 
 def test_what_splash_cannot_do_is_a_clear_error():
   with pytest.raises(ValueError, match="attention_probs_dropout_prob=0"):
-    modeling.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
+    layers.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
                             deterministic=False, seq_len=S)
   with pytest.raises(ValueError, match="multiple of 128"):
-    modeling.attention_kind(_config("splash"), deterministic=True, seq_len=96)
+    layers.attention_kind(_config("splash"), deterministic=True, seq_len=96)
   # Evaluation has no dropout: the kernel applies.
-  assert modeling.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
+  assert layers.attention_kind(_config("splash", attention_probs_dropout_prob=0.1),
                                  deterministic=True, seq_len=S) == "splash"
   with pytest.raises(ValueError):
     _config("flash")
@@ -203,20 +204,21 @@ def test_what_splash_cannot_do_is_a_clear_error():
 def test_auto_takes_the_backends_kernel_where_it_applies():
   from bert_jax.model import kernels
   config = _config("auto")
-  assert modeling.attention_kind(config, deterministic=False, seq_len=S) == "xla"   # CPU
+  assert layers.attention_kind(config, deterministic=False, seq_len=S) == "xla"   # CPU
   with kernels.compiling_for("tpu"):
-    assert modeling.attention_kind(config, deterministic=False, seq_len=S) == "splash"
-    assert modeling.attention_kind(config, deterministic=False, seq_len=96) == "xla"
+    assert layers.attention_kind(config, deterministic=False, seq_len=S) == "splash"
+    assert layers.attention_kind(config, deterministic=False, seq_len=96) == "xla"
     dropout = _config("auto", attention_probs_dropout_prob=0.1)
-    assert modeling.attention_kind(dropout, deterministic=False, seq_len=S) == "xla"
-    assert modeling.attention_kind(_config("xla"), deterministic=True, seq_len=S) == "xla"
+    assert layers.attention_kind(dropout, deterministic=False, seq_len=S) == "xla"
+    assert layers.attention_kind(_config("xla"), deterministic=True, seq_len=S) == "xla"
 
 
 _UNDER_A_MESH = """
 import json, os
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from bert_jax.model import families, modeling, ops, splash
+from bert_jax import families
+from bert_jax.model import layers, ops, splash
 from bert_jax.parallel import sharding, strategies
 from tests.test_train_step import tiny_config
 mesh = sharding.create_mesh(tiny_config(model_parallelism=2))           # data 4 x model 2
@@ -226,7 +228,7 @@ padding = (np.arange(128)[None] < rng.randint(60, 129, size=(8, 1))).astype(np.i
 on_mesh = NamedSharding(mesh, P("data", None, "model", None))
 loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) ** 2))
 kernel = lambda q, k, v: splash.splash_attention(q, k, v, splash.segment_ids(padding))
-bias = modeling.attention_bias(jnp.asarray(padding), False)
+bias = layers.attention_bias(jnp.asarray(padding), False)
 reference = lambda q, k, v: ops.xla_attention(q, k, v, bias, lambda p: p)
 real = padding[:, :, None, None]
 step = strategies.UnderMesh(jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(

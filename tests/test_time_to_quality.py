@@ -27,7 +27,7 @@ pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate"
 from benchmarks.time_to_quality import (cli, clocks, common, corpus, finetune,  # noqa: E402
                                         hf_side, modern, prepared, report, schedule)
 from bert_jax.io import checkpoints  # noqa: E402
-from bert_jax.model import config as config_lib  # noqa: E402
+from bert_jax.families.modernbert import config as modern_config  # noqa: E402
 from tests import finetuning_fixtures  # noqa: E402
 
 WORDS = finetuning_fixtures.WORDS[:-3]
@@ -125,7 +125,7 @@ def _torch_scores_alike(out: str, side: str, check: dict, tmp_path) -> None:
   config, params = checkpoints.load_params_from_workdir(os.path.join(out, side, "workdir"))
   directory = str(tmp_path / f"{side}_exported")
   checkpoints.export_huggingface(config, params, directory)
-  family = (transformers.ModernBertForMaskedLM if config.is_modern
+  family = (transformers.ModernBertForMaskedLM if config.architecture == "modernbert"
             else transformers.BertForPreTraining)
   scores = hf_side.score_sets(family.from_pretrained(directory), prepared.load_eval_sets(out))
   assert set(scores) == set(check), side
@@ -228,8 +228,9 @@ def test_modern_sides_on_a_budget_of_seconds(tiny_data, tmp_path):
     assert not any("pairs_nsp_accuracy" in r for r in curve), side   # no NSP head
     config, params = checkpoints.load_pretrained(finetune.checkpoint_of(cli.parse_args(
         ["--report", f"--out={out}"]), side))
-    assert config.is_modern and config.vocab_size == info["vocab_size"], side
-    assert config.intermediate_size == config_lib.glu_width(512) == 320, side   # BERT-tiny's I: 512
+    assert config.architecture == "modernbert" and config.vocab_size == info["vocab_size"], side
+    # BERT-tiny's I: 512
+    assert config.intermediate_size == modern_config.glu_width(512) == 320, side
     assert config.local_attention == 16 and config.classifier_pooling == "mean", side
   check, final = done["bert_jax_modern"]["checkpoint_check"], done["bert_jax_modern"]["final"]
   assert check["text_mlm_loss"] == pytest.approx(final["text_mlm_loss"], rel=1e-5)
@@ -374,7 +375,7 @@ def test_the_transformers_sides_mask_with_the_records_ids(tmp_path):
 
 
 def test_modern_shape_matches_berts_mlp_weights():
-  assert config_lib.glu_width(1024) == 704 and config_lib.glu_width(512) == 320
+  assert modern_config.glu_width(1024) == 704 and modern_config.glu_width(512) == 320
   assert modern.max_predictions(0.30, 128) == 40 and modern.max_predictions(0.30, 32) == 16
 
 

@@ -20,7 +20,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import families, modeling
+from bert_jax import families
+from bert_jax.model import layers
 from bert_jax.model.config import BertConfig
 from tests.faults import damage
 
@@ -66,8 +67,8 @@ def _model(**overrides):
   shapes are traced, nothing compiled); the model's config is what a checkpoint records of it."""
   config = BertConfig.named("tiny", vocab_size=64, max_position_embeddings=16,
                             num_hidden_layers=1, **overrides)
-  model = families.pretraining_model(config, use_nsp=True)
-  shapes = jax.eval_shape(lambda: modeling.init_params(model, jax.random.PRNGKey(0)))
+  model = families.of(config).pretraining_model(config, use_nsp=True)
+  shapes = jax.eval_shape(lambda: layers.init_params(model, jax.random.PRNGKey(0)))
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map(
       lambda s: jnp.asarray(rng.normal(size=s.shape), s.dtype), shapes)

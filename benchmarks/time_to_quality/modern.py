@@ -14,12 +14,13 @@ from benchmarks.time_to_quality import common, prepared
 
 
 def model_config(args, info: dict):
-  """The ModernBERT-family model of about BERT-`--size`'s size (`config.modern_counterpart`: its
+  """The ModernBERT-family model of about BERT-`--size`'s size (`modern_counterpart`: its
   layers, width and heads, the GLU width that keeps the MLP's weights, every third layer global
   (layers 0 and 3 of 4) and the others in a `--local_attention`-token window), both rotary bases
   10,000 (ModernBERT's pretrain phase), no dropout, the vocabulary's [PAD]. BERT-mini's: 5.34M
   parameters against BertForPreTraining's 5.48M (encoder layers 3.21M against 3.16M)."""
-  from bert_jax.model.config import BertConfig, modern_counterpart
+  from bert_jax.families.modernbert.config import modern_counterpart
+  from bert_jax.model.config import BertConfig
   return modern_counterpart(
       BertConfig.named(args.size), vocab_size=info["vocab_size"],
       local_attention=args.local_attention, global_rope_theta=10_000.0,
@@ -72,10 +73,9 @@ def hf_config(args, info: dict):
   vocabulary's special tokens and sparse prediction (the MLM head and decoder at the masked
   positions only, as ModernBERT's own training and bert_jax compute them)."""
   import transformers
-  from bert_jax.io import modern_checkpoints
+  from bert_jax.families.modernbert import convert
   special = prepared.contiguous_info(args.out)["special"]
-  values = modern_checkpoints.huggingface_config(model_config(args, info),
-                                                 "ModernBertForMaskedLM")
+  values = convert.huggingface_config(model_config(args, info), "ModernBertForMaskedLM")
   values.update(cls_token_id=special["cls"], sep_token_id=special["sep"],
                 bos_token_id=special["cls"], eos_token_id=special["sep"],
                 sparse_prediction=True)

@@ -1,13 +1,14 @@
 """Pretrained checkpoints in, and out: Hugging Face, Google TF, and this project's own.
 
-`load_pretrained(path)` returns `(BertConfig, params)` where `params` is the parameter tree of
-`bert_jax.model.modeling.BertForPreTraining` in the per-layer layout (`bert/encoder/layer_{i}/...`):
-`params["bert"]` feeds `BertModel`, `params["cls"]` (present only if the source has the
-pre-training heads) the MLM and NSP heads. Every tensor is checked against the shapes the config
-implies; a missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
+`load_pretrained(path)` returns `(BertConfig, params)` where `params` is the parameter tree of the
+config's family's pre-training model in the per-layer layout (`bert/encoder/layer_{i}/...`):
+`params["bert"]` feeds the encoder, `params["cls"]` (present only if the source has the
+pre-training heads) the heads. Every tensor is checked against the shapes the config implies; a
+missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
 
-Internally every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}
-in this project's names; the per-format code is only the renaming.
+This layer handles formats (safetensors, pickles, TF, this project's own, training workdirs); the
+names inside them are the family's (`bert_jax.families`: `flat_from_huggingface`, `flat_from_tf`,
+...). Every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}.
 """
 import json
 import os
@@ -19,8 +20,9 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from bert_jax.io import filesystem, modern_checkpoints
-from bert_jax.model import families, modeling
+from bert_jax import families
+from bert_jax.io import filesystem
+from bert_jax.model import layers
 from bert_jax.model.config import BertConfig
 
 Flat = Dict[str, np.ndarray]
@@ -39,7 +41,7 @@ class CheckpointMismatchError(ValueError):
 
 def read_config(path: str) -> BertConfig:
   """A `BertConfig` from a JSON file, local or a URL (gs://...): this project's fields, or
-  transformers' ModernBERT `config.json` (model_type "modernbert")."""
+  transformers' `config.json` (its `model_type` names the family that reads it)."""
   if not filesystem.exists(path):
     raise FileNotFoundError(f"BERT config file not found: {path}")
   text = filesystem.read_text(path)
@@ -47,8 +49,8 @@ def read_config(path: str) -> BertConfig:
     values = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: not valid JSON ({e})") from e
-  if isinstance(values, dict) and modern_checkpoints.is_modern_config(values):
-    return modern_checkpoints.bert_config_from_huggingface(values, path)
+  if isinstance(values, dict) and "model_type" in values:
+    return families.for_huggingface(values, path).config_from_huggingface(values, path)
   return BertConfig.from_json_string(text, source=path)
 
 
@@ -80,24 +82,21 @@ def save_safetensors(state: Dict[str, np.ndarray], path: str,
 # --------------------------------------------------------------------------- shapes and checks
 
 
-# The pre-training heads: masked LM, next-sentence prediction.
-HEADS = ("cls/predictions", "cls/seq_relationship")
-
-
 def expected_shapes(config: BertConfig, with_heads: bool = True) -> Dict[str, Tuple[int, ...]]:
-  """{flat name: shape} of BertForPreTraining in the per-layer layout (no compilation)."""
+  """{flat name: shape} of the family's pre-training model, every head it has, and the encoder's
+  pooler, in the per-layer layout (no compilation)."""
   config = config.replace(scan_layers=False, remat=False)
-  model = families.pretraining_model(config, use_nsp=not config.is_modern)
-  shapes = jax.eval_shape(lambda: modeling.init_params(model, jax.random.PRNGKey(0)))
+  family = families.of(config)
+  model = family.pretraining_model(config,
+                                   use_nsp="cls/seq_relationship" in family.pretraining_heads)
+  shapes = jax.eval_shape(lambda: layers.init_params(model, jax.random.PRNGKey(0)))
   flat = {"/".join(k): tuple(v.shape)
           for k, v in traverse_util.flatten_dict(shapes).items()}
-  if config.is_modern:
-    # The family's masked LM has no pooler; a fine-tuned encoder has its classifier's pooling
-    # head there (optional in check_and_unflatten).
-    encoder = families.encoder(config, add_pooling_layer=True)
-    pooler = jax.eval_shape(lambda: modeling.init_params(encoder, jax.random.PRNGKey(0)))
-    flat.update({"bert/" + "/".join(k): tuple(v.shape)
-                 for k, v in traverse_util.flatten_dict(pooler).items() if k[0] == "pooler"})
+  # A masked LM may have no pooler; a fine-tuned encoder has its classifier's pooling there.
+  encoder = family.encoder(config, add_pooling_layer=True)
+  pooler = jax.eval_shape(lambda: layers.init_params(encoder, jax.random.PRNGKey(0)))
+  flat.update({"bert/" + "/".join(k): tuple(v.shape)
+               for k, v in traverse_util.flatten_dict(pooler).items() if k[0] == "pooler"})
   if not with_heads:
     flat = {k: v for k, v in flat.items() if not k.startswith("cls/")}
   return flat
@@ -111,8 +110,8 @@ def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
   reported when absent. Names matching a regex in `optional` may be missing (e.g. a pooler).
   """
   expected = expected_shapes(config)
-  if config.is_modern:   # its pooler belongs to a classifier, never to the pre-trained encoder
-    optional = tuple(optional) + (r"bert/pooler/",)
+  family = families.of(config)
+  optional = tuple(optional) + family.optional_parameters
   optional_re = [re.compile(p) for p in optional]
   unexpected = sorted(set(flat) - set(expected))
   wrong = [f"{k}: checkpoint {tuple(flat[k].shape)} vs model {expected[k]}"
@@ -129,7 +128,7 @@ def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
   # Each head is all there or absent: a model pre-trained without NSP (objective mlm or ltr)
   # has the masked-LM head only.
   present_heads = set()
-  for head in HEADS:
+  for head in family.pretraining_heads:
     names = {k for k in expected if k.startswith(head + "/")}
     present = names & set(flat)
     if present and present != names:
@@ -151,69 +150,17 @@ def flatten(params: Dict) -> Flat:
 # --------------------------------------------------------------------------- scanned layout
 
 
-def stack_layers(params: Dict, num_layers: int) -> Dict:
-  """Per-layer `encoder/layer_{i}` -> scanned `encoder/layer/layer` with a leading L axis."""
-  encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
-  layers = [encoder.pop(f"layer_{i}") for i in range(num_layers)]
-  encoder["layer"] = {"layer": jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
-  return params
-
-
-def unstack_layers(params: Dict, num_layers: int) -> Dict:
-  """Scanned `encoder/layer/layer` -> per-layer `encoder/layer_{i}`."""
-  encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
-  stacked = encoder.pop("layer")["layer"]
-  for i in range(num_layers):
-    encoder[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
-  return params
-
-
 def to_model_layout(params: Dict, config: BertConfig) -> Dict:
   """Converts loaded (per-layer) params to the layout `config.scan_layers` asks for."""
   if not config.scan_layers:
     return params
   params = jax.tree_util.tree_map(np.asarray, params)
-  if config.is_modern:
-    modern_checkpoints.stack_layers(
-        params["bert"]["encoder"] if "bert" in params else params["encoder"], config)
-    return params
-  return stack_layers(params, config.num_hidden_layers)
+  families.of(config).stack_layers(
+      params["bert"]["encoder"] if "bert" in params else params["encoder"], config)
+  return params
 
 
 # --------------------------------------------------------------------------- Hugging Face
-
-
-def _hf_to_flat(state: Dict[str, np.ndarray]) -> Flat:
-  """Renames Hugging Face BertModel / BertForPreTraining keys to this project's names."""
-  flat: Flat = {}
-  decoder_bias = None
-  for key, value in state.items():
-    value = np.asarray(value)
-    if key.endswith("position_ids") or key.startswith("cls.predictions.decoder.weight"):
-      continue  # a buffer, and the decoder tied to the word embeddings
-    if key == "cls.predictions.decoder.bias":
-      decoder_bias = value
-      continue
-    if key == "cls.predictions.bias":
-      flat["cls/predictions/output_bias"] = value
-      continue
-    if not key.startswith(("bert.", "cls.")):
-      key = "bert." + key  # BertModel layout: no prefix
-    parts = re.sub(r"\.layer\.(\d+)\.", r".layer_\1.", key).split(".")
-    leaf, module = parts[-1], parts[-2]
-    if leaf in ("gamma", "beta"):  # old-style LayerNorm names
-      leaf = "scale" if leaf == "gamma" else "bias"
-    elif leaf == "weight":
-      if module == "LayerNorm":
-        leaf = "scale"
-      elif module.endswith("embeddings"):
-        leaf = "embedding"
-      else:
-        leaf, value = "kernel", value.T  # torch Linear stores [out, in]
-    flat["/".join(parts[:-1] + [leaf])] = value
-  if "cls/predictions/output_bias" not in flat and decoder_bias is not None:
-    flat["cls/predictions/output_bias"] = decoder_bias
-  return flat
 
 
 def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
@@ -254,7 +201,7 @@ def _read_pickle(path: str, allow_pickle: bool) -> Dict[str, np.ndarray]:
 
 
 def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, Dict]:
-  """BertModel / BertForPreTraining, or ModernBertModel / ModernBertForMaskedLM."""
+  """A transformers encoder or masked LM of any family (its `config.json`'s model_type)."""
   config = read_config(filesystem.join(directory, "config.json"))
   if filesystem.glob(filesystem.join(directory, "model*.safetensors*")):
     state = _read_safetensors(directory)
@@ -264,119 +211,48 @@ def _load_huggingface(directory: str, allow_pickle: bool) -> Tuple[BertConfig, D
     if not pickles:
       raise FileNotFoundError(f"{directory} has config.json but no model.safetensors")
     state = _read_pickle(pickles[0], allow_pickle)
-  flat = (modern_checkpoints.flat_from_huggingface(state) if config.is_modern
-          else _hf_to_flat(state))
-  # A Hugging Face BertModel may be saved without its pooler (add_pooling_layer=False); a
-  # ModernBERT encoder has none (its classifier's pooling head belongs to the task).
+  flat = families.of(config).flat_from_huggingface(state, directory)
+  # An encoder may be saved without its pooler (BertModel(add_pooling_layer=False), a masked LM).
   params = check_and_unflatten(flat, config, directory, optional=[r"bert/pooler/"])
   return config, params
 
 
 def huggingface_state(config: BertConfig, params: Dict) -> Dict[str, np.ndarray]:
-  """transformers' state dict of `params` (torch Linear weights [out, in], float32 numpy).
-
-  With the pre-training heads the key layout is BertForPreTraining's (`bert.`, `cls.`); without
-  them, BertModel's (no prefix: a task model such as BertForSequenceClassification takes these
-  under `bert.`, see `bert_jax.tasks.tools.serving`). A ModernBERT config gives
-  ModernBertForMaskedLM's keys (`model.`, `head.`, `decoder.`) or ModernBertModel's."""
-  flat = flatten(per_layer(params, config))
-  if config.is_modern:
-    return modern_checkpoints.huggingface_state(flat)
-  has_heads = any(k.startswith("cls/") for k in flat)
-  state = {}
-  for name, value in flat.items():
-    parts = name.split("/")
-    parts = [p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts]
-    leaf = parts[-1]
-    if name == "cls/predictions/output_bias":
-      state["cls.predictions.bias"] = value
-      continue
-    if leaf == "kernel":
-      leaf, value = "weight", value.T
-    elif leaf in ("scale", "embedding"):
-      leaf = "weight"
-    key = ".".join(parts[:-1] + [leaf])
-    if not has_heads:
-      key = key[len("bert."):]
-    state[key] = np.ascontiguousarray(value, dtype=np.float32)
-  if has_heads:
-    # transformers ties these to the embeddings and bias; written so no key is reported missing.
-    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
-    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].copy()
-  return state
+  """transformers' state dict of `params` (torch Linear weights [out, in], float32 numpy), the
+  family's names: with the pre-training heads its pre-training class's keys (BERT's `bert.`,
+  `cls.`; ModernBERT's `model.`, `head.`, `decoder.`), without them its encoder class's."""
+  return families.of(config).huggingface_state(flatten(per_layer(params, config)))
 
 
 def huggingface_config(config: BertConfig, architecture: str) -> Dict:
   """transformers' `config.json` fields of `config` for the model class `architecture`."""
-  if config.is_modern:
-    return modern_checkpoints.huggingface_config(config, architecture)
-  hf_config = config.to_dict(include_runtime=False)
-  if hf_config["hidden_act"] == "gelu_tanh":
-    hf_config["hidden_act"] = "gelu_pytorch_tanh"  # transformers' name for the tanh form
-  hf_config.update(model_type="bert", architectures=[architecture], pad_token_id=0)
-  return hf_config
+  return families.of(config).huggingface_config(config, architecture)
 
 
-def export_huggingface(config: BertConfig, params: Dict, directory: str) -> None:
-  """Writes `config.json` + `model.safetensors` that transformers' BertForPreTraining loads
-  (ModernBertForMaskedLM for a ModernBERT config).
-
-  With the pre-training heads the key layout is BertForPreTraining's; without them, BertModel's
-  (ModernBertModel's).
-  """
+def export_huggingface(config: BertConfig, params: Dict, directory: str,
+                       tokenizer=None) -> str:
+  """Writes `config.json` + `model.safetensors` that transformers loads as the family's
+  pre-training class (BertForPreTraining, ModernBertForMaskedLM, ...) when `params` has the
+  heads, else as its encoder class; returns the class. `tokenizer`: the special ids the family's
+  config records are the vocabulary's (`Family.special_token_ids`)."""
+  family = families.of(config)
   filesystem.makedirs(directory)
   state = huggingface_state(config, params)
   has_heads = "cls" in per_layer(params, config)
+  head = family.pretrained_head(config) if has_heads else "encoder"
+  architecture = family.huggingface_class(config, head, directory)
   save_safetensors(state, filesystem.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
-  if config.is_modern:
-    architecture = "ModernBertForMaskedLM" if has_heads else "ModernBertModel"
-  else:
-    architecture = "BertForPreTraining" if has_heads else "BertModel"
   hf_config = huggingface_config(config, architecture)
+  if tokenizer is not None:
+    hf_config.update({field: getattr(tokenizer, attribute)
+                      for field, attribute in family.special_token_ids})
   filesystem.write_text(filesystem.join(directory, "config.json"),
                         json.dumps(hf_config, indent=2, sort_keys=True))
+  return architecture
 
 
 # --------------------------------------------------------------------------- Google TF
-
-
-_TF_SKIP = re.compile(r"(adam_[mv]|global_step|bad_steps|good_steps|loss_scale|"
-                      r"Momentum|LAMB|beta[12]_power)")
-
-
-def _tf_to_flat(variables: Dict[str, np.ndarray]) -> Flat:
-  flat: Flat = {}
-  for name, value in variables.items():
-    if _TF_SKIP.search(name):
-      continue
-    parts = name.split("/")
-    if parts[-1] in ("gamma", "beta"):
-      parts[-1] = "scale" if parts[-1] == "gamma" else "bias"
-    elif parts[-1].endswith("_embeddings"):
-      parts.append("embedding")
-    elif name == "cls/seq_relationship/output_weights":
-      parts, value = ["cls", "seq_relationship", "kernel"], value.T  # stored [2, H]
-    elif name == "cls/seq_relationship/output_bias":
-      parts = ["cls", "seq_relationship", "bias"]
-    flat["/".join(parts)] = value
-  return flat
-
-
-def _flat_to_tf(flat: Flat) -> Flat:
-  variables = {}
-  for name, value in flat.items():
-    parts = name.split("/")
-    if parts[-1] == "embedding":
-      parts = parts[:-1]
-    elif parts[-1] in ("scale", "bias") and parts[-2] == "LayerNorm":
-      parts[-1] = "gamma" if parts[-1] == "scale" else "beta"
-    if name == "cls/seq_relationship/kernel":
-      parts, value = ["cls", "seq_relationship", "output_weights"], value.T
-    elif name == "cls/seq_relationship/bias":
-      parts = ["cls", "seq_relationship", "output_bias"]
-    variables["/".join(parts)] = np.asarray(value, np.float32)
-  return variables
 
 
 def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertConfig, Dict]:
@@ -388,7 +264,7 @@ def _load_tf_checkpoint(prefix: str, tf_gelu_approximate: bool) -> Tuple[BertCon
   reader = tf.train.load_checkpoint(prefix)  # takes gs:// URLs too
   variables = {name: reader.get_tensor(name)
                for name in reader.get_variable_to_shape_map()}
-  params = check_and_unflatten(_tf_to_flat(variables), config, prefix)
+  params = check_and_unflatten(families.of(config).flat_from_tf(variables), config, prefix)
   return config, params
 
 
@@ -398,13 +274,10 @@ def export_tf_checkpoint(config: BertConfig, params: Dict, prefix: str) -> None:
   `prefix` may be a URL: TF's saver checks nothing it writes there, so it writes into a local
   folder that is uploaded file by file, every file checked (`filesystem.local_directory_target`).
   The `checkpoint` state file names the prefix relative to its folder, as the upload needs."""
-  if config.is_modern:
-    raise ValueError("A TF1 checkpoint holds the original BERT's variables; a ModernBERT model "
-                     "exports to transformers' format (export_huggingface) or save_pretrained")
+  variables = families.of(config).tf_from_flat(flatten(per_layer(params, config)))
   import tensorflow as tf
   directory = filesystem.dirname(filesystem.absolute(prefix))
   filesystem.makedirs(directory)
-  variables = _flat_to_tf(flatten(per_layer(params, config)))
   with filesystem.local_directory_target(directory) as local:
     with tf.Graph().as_default():
       tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
@@ -444,10 +317,7 @@ def per_layer(params: Dict, config: BertConfig) -> Dict:
   params = jax.tree_util.tree_map(np.asarray, params)
   encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
   if "layer" in encoder:
-    if config.is_modern:
-      modern_checkpoints.unstack_layers(encoder)
-    else:
-      params = unstack_layers(params, config.num_hidden_layers)
+    families.of(config).unstack_layers(encoder, config)
   if "bert" not in params:
     params = {"bert": params}
   return params
@@ -528,23 +398,42 @@ def load_pretrained_config(path: str, *, tf_gelu_approximate: bool = True) -> Be
 VOCAB_CANDIDATES = ("vocab.txt", "data/vocab.txt")
 SPM_CANDIDATES = ("spm.model", "data/spm.model")
 TOKENIZER_JSON_CANDIDATES = ("tokenizer.json", "data/tokenizer.json")
+# Last: RoBERTa's original byte-level BPE files (older releases, fairseq conversions ship no
+# tokenizer.json): a vocab.json counts only with its merges.txt in the same folder, and goes in
+# the tokenizer_file slot (`tokenization.HuggingFaceTokenizer` reads the pair).
+BPE_VOCAB_CANDIDATES = ("vocab.json", "data/vocab.json")
+BPE_MERGES = "merges.txt"
 
 
 def find_vocab(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
   """(vocab_file, spm_model_file, tokenizer_file) found beside the checkpoint at `path`: exactly
-  one is a path, the others None (what `tokenization.create_tokenizer` takes); or a clear error."""
+  one is a path, the others None (what `tokenization.create_tokenizer` takes); or a clear error.
+
+  In order: vocab.txt, spm.model, tokenizer.json, then a vocab.json with merges.txt beside it
+  (returned as the tokenizer_file); each also under data/."""
   directory = path if filesystem.isdir(path) else filesystem.dirname(path)
-  for slot, names in enumerate((VOCAB_CANDIDATES, SPM_CANDIDATES, TOKENIZER_JSON_CANDIDATES)):
+  lacking_merges: List[str] = []
+  for slot, names in enumerate((VOCAB_CANDIDATES, SPM_CANDIDATES, TOKENIZER_JSON_CANDIDATES,
+                                BPE_VOCAB_CANDIDATES)):
     for name in names:
       candidate = filesystem.join(directory, *name.split("/"))
-      if filesystem.exists(candidate):
-        found: List[Optional[str]] = [None, None, None]
-        found[slot] = candidate
-        return found[0], found[1], found[2]
-  names = VOCAB_CANDIDATES + SPM_CANDIDATES + TOKENIZER_JSON_CANDIDATES
+      if not filesystem.exists(candidate):
+        continue
+      if names is BPE_VOCAB_CANDIDATES and not filesystem.exists(
+          filesystem.join(filesystem.dirname(candidate), BPE_MERGES)):
+        lacking_merges.append(candidate)
+        continue
+      found: List[Optional[str]] = [None, None, None]
+      found[min(slot, 2)] = candidate
+      return found[0], found[1], found[2]
+  names = (VOCAB_CANDIDATES + SPM_CANDIDATES + TOKENIZER_JSON_CANDIDATES
+           + tuple(f"{name} (with {BPE_MERGES} beside it)" for name in BPE_VOCAB_CANDIDATES))
   raise FileNotFoundError(
       f"No vocabulary: {directory} has no {' or '.join(names)}; pass the vocabulary the "
-      "checkpoint was trained with (vocab_file / spm_model_file / tokenizer_file).")
+      "checkpoint was trained with (vocab_file / spm_model_file / tokenizer_file)."
+      + "".join(f" {p} is there but {filesystem.join(filesystem.dirname(p), BPE_MERGES)} is "
+                "missing (a byte-level BPE vocab.json needs its merges.txt)."
+                for p in lacking_merges))
 
 
 def recorded_lower_case(path: str) -> Optional[bool]:
@@ -574,7 +463,9 @@ def load_params_from_workdir(workdir: str) -> Tuple[BertConfig, Dict]:
   return config, check_and_unflatten(flat, config, f"{workdir} (step {step})")
 
 
-def missing_heads(params: Dict) -> List[str]:
-  """Names of the pre-training heads that a loaded checkpoint lacks (empty if complete)."""
+def missing_heads(params: Dict, config: BertConfig) -> List[str]:
+  """Names of the family's pre-training heads that a loaded checkpoint lacks (empty if
+  complete)."""
   present = params.get("cls", {})
-  return [head for head in HEADS if head.split("/")[1] not in present]
+  return [head for head in families.of(config).pretraining_heads
+          if head.split("/")[1] not in present]

@@ -1,12 +1,18 @@
-"""`BertConfig`: the fields of a released `bert_config.json` / Hugging Face `config.json`.
+"""`BertConfig`: the fields every encoder family shares, and BERT's (`bert_config.json`).
 
-The named sizes follow the original release (spec section 1): base and large from the paper, and
-the small-model grid (L in {2,...,12} x H in {128,...,768}, A = H / 64, intermediate = 4H).
+Each other family's config is a subclass in its folder (`bert_jax/families/<name>/config.py`,
+e.g. `ModernBertConfig`) that adds its own fields and sizes and names itself with
+`family=...`; `BertConfig.from_dict` and `BertConfig.named` hand a dict or a size to the class of
+its family (`architecture`), so a config written by any family reads back as that family's.
+
+BERT's named sizes follow the original release (spec section 1): base and large from the paper,
+and the small-model grid (L in {2,...,12} x H in {128,...,768}, A = H / 64, intermediate = 4H).
 """
 import dataclasses
+import importlib
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional
 
 # Activation names as checkpoints spell them. "gelu" is the exact erf form (Hugging Face);
 # the original TensorFlow code's `gelu` is the tanh approximation, which is "gelu_tanh" here.
@@ -17,11 +23,6 @@ ATTENTIONS = ("auto", "xla", "splash", "cudnn")
 REMAT_POLICIES = ("nothing_saveable", "everything_saveable", "dots_saveable",
                   "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
-# The block a config describes (`BertConfig.architecture`): the 2018 encoder, or the ModernBERT
-# family (bert_jax/model/modern.py).
-ARCHITECTURES = ("bert", "modernbert")
-NORM_TYPES = ("layernorm", "rmsnorm")
-POOLINGS = ("cls", "mean")
 
 # name: (num_hidden_layers, hidden_size); heads = hidden / 64, intermediate = 4 * hidden.
 NAMED_SIZES = {
@@ -32,14 +33,6 @@ NAMED_SIZES = {
     "base": (12, 768),
     "large": (24, 1024),
 }
-
-# ModernBERT's released sizes (Warner et al. 2024, Table 3): name: (layers, hidden, GLU width,
-# heads). The vocabulary, 50,368, is a multiple of 64 (the tokenizer's 50,280 padded).
-MODERN_SIZES = {
-    "modernbert-base": (22, 768, 1152, 12),
-    "modernbert-large": (28, 1024, 2624, 16),
-}
-
 
 @dataclasses.dataclass
 class BertConfig:
@@ -75,51 +68,46 @@ class BertConfig:
   # traced for), "tuned", "textbook", plus any parts to take in textbook form, e.g.
   # "tuned,plain_bias" (kernels.PARTS). The same function either way; only the speed differs.
   kernels: str = "auto"
-  # How attention is computed (bert_jax/model/modeling.py `attention_kind`): "xla" (einsums,
+  # How attention is computed (bert_jax/model/layers.py `attention_kind`): "xla" (einsums,
   # [B, N, S, S] probabilities in HBM), "splash" (the Pallas TPU flash-attention kernel; interpret
   # mode on CPU; no attention-probability dropout), "cudnn" (cuDNN's fused kernel on GPU; no
   # dropout either), or "auto": splash on TPU and cuDNN on GPU where the attention dropout is 0,
   # else xla.
   attention: str = "auto"
 
-  # ---- The block. "bert": the 2018 encoder (post-LN, learned positions, token types, GELU MLP,
-  # biases everywhere); the fields below it are then unused and never written. "modernbert": the
-  # ModernBERT family (bert_jax/model/modern.py; names as transformers' ModernBertConfig):
-  # pre-norm, rotary positions, no token types, GLU MLP, alternating local/global attention, its
-  # own MLM head and initialisation. hidden_dropout_prob is its embedding and MLP dropout,
-  # attention_probs_dropout_prob its attention dropout, layer_norm_eps its norm_eps.
+  # The family (`bert_jax.families`): "bert" here; each family's subclass has its own name.
   architecture: str = "bert"
-  norm_type: str = "layernorm"      # layernorm | rmsnorm (the norm of every block and head)
-  norm_bias: bool = False           # biases of the norms
-  attention_bias: bool = False      # biases of Wqkv and the attention output Wo
-  mlp_bias: bool = False            # biases of the MLP's Wi and Wo
-  decoder_bias: bool = True         # the bias of the tied MLM decoder
-  classifier_bias: bool = False     # the bias of the prediction head's dense layer
-  classifier_activation: str = "gelu"   # the prediction / classification head's activation
-  classifier_pooling: str = "cls"   # what a sequence classifier reads: cls | mean (real tokens)
-  # hidden_act names the GLU's activation: gelu -> GeGLU (ModernBERT), silu -> SwiGLU. False:
-  # BERT's dense -> activation -> dense MLP in the pre-norm block.
-  glu: bool = True
-  # Attention: every global_attn_every_n_layers-th layer (0, N, 2N, ...) attends globally, the
-  # others within a sliding window `local_attention` wide in total: a query at i sees the keys j
-  # with |i - j| <= local_attention // 2 (transformers' semantics). local_attention = 0: all global.
-  global_attn_every_n_layers: int = 3
-  local_attention: int = 128
-  global_rope_theta: float = 160_000.0   # rotary base of the global layers
-  local_rope_theta: float = 10_000.0     # rotary base of the local layers
-  # ModernBERT's initialisation: truncated normal cut at +-cutoff std; residual outputs (each
-  # Wo, the head's dense) with std initializer_range / sqrt(2 L).
-  initializer_cutoff_factor: float = 2.0
-  pad_token_id: int = 0             # the padding id transformers' ModernBertConfig records
 
   # Fields that describe the computation, not the checkpoint; never written to bert_config.json.
   RUNTIME_FIELDS = ("dtype", "causal_attention", "scan_layers", "remat", "remat_policy",
                     "float32_attention_logits", "kernels", "attention")
-  # The block fields of the ModernBERT family; a BERT config neither writes nor reads them.
-  MODERN_FIELDS = ("norm_type", "norm_bias", "attention_bias", "mlp_bias", "decoder_bias",
-                   "classifier_bias", "classifier_activation", "classifier_pooling", "glu",
-                   "global_attn_every_n_layers", "local_attention", "global_rope_theta",
-                   "local_rope_theta", "initializer_cutoff_factor", "pad_token_id")
+  # The named sizes of this class: name -> field values (BERT's: the original release's).
+  SIZES: ClassVar[Dict[str, Dict[str, Any]]] = {
+      name: dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
+                 intermediate_size=4 * hidden)
+      for name, (layers, hidden) in NAMED_SIZES.items()}
+  # Every family's config class by its name, filled in as each subclass is defined.
+  _FAMILY_CLASSES: ClassVar[Dict[str, type]] = {}
+  # Whether `architecture` goes into the files (every family's but BERT's).
+  WRITES_ARCHITECTURE: ClassVar[bool] = False
+
+  def __init_subclass__(cls, family: Optional[str] = None, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if family:
+      BertConfig._FAMILY_CLASSES[family] = cls
+      cls.WRITES_ARCHITECTURE = True
+
+  @staticmethod
+  def family_class(name: str) -> type:
+    """The config class of the family `name`. The family folders define their classes when
+    `bert_jax.families` is imported: imported here by name, so a config can be read before any
+    model code is (and the model layer does not depend on the families)."""
+    if name not in BertConfig._FAMILY_CLASSES:
+      importlib.import_module("bert_jax.families")
+    if name not in BertConfig._FAMILY_CLASSES:
+      raise ValueError(f"BertConfig.architecture={name!r}: expected one of "
+                       f"{sorted(BertConfig._FAMILY_CLASSES)}")
+    return BertConfig._FAMILY_CLASSES[name]
 
   def __post_init__(self):
     self.validate()
@@ -144,10 +132,10 @@ class BertConfig:
       fail("remat_policy", f"expected one of {REMAT_POLICIES}")
     if self.attention not in ATTENTIONS:
       fail("attention", f"expected one of {ATTENTIONS}")
-    if self.architecture not in ARCHITECTURES:
-      fail("architecture", f"expected one of {ARCHITECTURES}")
-    if self.is_modern:
-      self._validate_modern(fail)
+    if self.family_class(self.architecture) is not type(self):
+      fail("architecture", f"is {self.family_class(self.architecture).__name__}'s family, not "
+                           f"{type(self).__name__}'s (read configs with BertConfig.from_dict)")
+    self.validate_family(fail)
     # Imported here: kernels brings in JAX and Flax, and reading a config should not need them.
     from bert_jax.model import kernels
     try:
@@ -156,43 +144,8 @@ class BertConfig:
       fail("kernels", f"expected at most one of {kernels.CHOICES} and any parts of "
                       f"{kernels.PARTS}, comma-separated")
 
-  def _validate_modern(self, fail) -> None:
-    if self.norm_type not in NORM_TYPES:
-      fail("norm_type", f"expected one of {NORM_TYPES}")
-    if self.classifier_pooling not in POOLINGS:
-      fail("classifier_pooling", f"expected one of {POOLINGS}")
-    if self.classifier_activation not in ACTIVATIONS:
-      fail("classifier_activation", f"unknown activation; expected one of {ACTIVATIONS}")
-    if self.head_dim % 2:
-      fail("hidden_size", "rotary positions need an even head_dim (hidden_size / heads)")
-    if not isinstance(self.global_attn_every_n_layers, int) or self.global_attn_every_n_layers < 1:
-      fail("global_attn_every_n_layers", "must be a positive integer")
-    if not isinstance(self.local_attention, int) or self.local_attention < 0 or (
-        self.local_attention % 2):
-      fail("local_attention", "must be 0 (no local layers) or an even number of tokens (the "
-                              "window's total width: local_attention // 2 on each side)")
-    for field in ("global_rope_theta", "local_rope_theta", "initializer_cutoff_factor"):
-      if not getattr(self, field) > 0:
-        fail(field, "must be positive")
-    if self.causal_attention:
-      fail("causal_attention", "the left-to-right ablation is BERT's (architecture='bert')")
-    if not 0 <= self.pad_token_id < self.vocab_size:
-      fail("pad_token_id", f"must be an id of the vocabulary (vocab_size={self.vocab_size}): "
-                           "the tokenizer's [PAD]")
-
-  @property
-  def is_modern(self) -> bool:
-    return self.architecture == "modernbert"
-
-  def is_global_layer(self, index: int) -> bool:
-    """Whether layer `index` attends globally (always, for BERT)."""
-    return (not self.is_modern or not self.local_attention
-            or index % self.global_attn_every_n_layers == 0)
-
-  @property
-  def window(self) -> int:
-    """Keys on each side of a query in a local layer (transformers' `sliding_window`)."""
-    return self.local_attention // 2
+  def validate_family(self, fail) -> None:
+    """The checks of a family's own fields (`fail(field, why)` raises); BERT has none."""
 
   @property
   def head_dim(self) -> int:
@@ -200,32 +153,42 @@ class BertConfig:
 
   @classmethod
   def named(cls, size: str, **overrides) -> "BertConfig":
-    """A size from the original release (tiny, mini, small, medium, base, large) or ModernBERT's
-    (modernbert-base, modernbert-large: the ModernBERT architecture with its released fields)."""
-    if size in MODERN_SIZES:
-      layers, hidden, glu_width, heads = MODERN_SIZES[size]
-      fields = dict(modern_defaults(), num_hidden_layers=layers, hidden_size=hidden,
-                    intermediate_size=glu_width, num_attention_heads=heads)
-      fields.update(overrides)
-      return cls(**fields)
-    if size not in NAMED_SIZES:
-      raise ValueError(f"Unknown BERT size {size!r}; expected one of "
-                       f"{sorted(NAMED_SIZES) + sorted(MODERN_SIZES)}")
-    layers, hidden = NAMED_SIZES[size]
-    fields = dict(num_hidden_layers=layers, hidden_size=hidden,
-                  num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
-    fields.update(overrides)
-    return cls(**fields)
+    """A named size of this class, or of any family when asked of `BertConfig` (BERT's tiny ...
+    large; modernbert-base; roberta-base; ...)."""
+    classes = [cls]
+    if cls is BertConfig:
+      importlib.import_module("bert_jax.families")   # every family's class defined (as above)
+      classes += [c for c in BertConfig._FAMILY_CLASSES.values() if c is not BertConfig]
+    for candidate in classes:
+      if size in candidate.SIZES:
+        fields = dict(candidate.SIZES[size], **overrides)
+        # A size with another family's architecture (a BERT size as a ModernBERT, say).
+        target = cls.family_class(fields.get("architecture", candidate.architecture))
+        return target(**fields)
+    known = sorted(name for c in classes for name in c.SIZES)
+    raise ValueError(f"Unknown model size {size!r}; expected one of {known}")
+
+  @classmethod
+  def create(cls, **fields) -> "BertConfig":
+    """The config of `fields`' family (`architecture`; none: this class's): every field must be
+    one of that family's."""
+    return cls.family_class(fields.get("architecture", cls.architecture))(**fields)
 
   @classmethod
   def from_dict(cls, values: Dict[str, Any], source: Optional[str] = None) -> "BertConfig":
-    """Reads the known fields; other keys (Hugging Face extras such as `model_type`) are ignored."""
-    known = {f.name for f in dataclasses.fields(cls)}
+    """The config of `values`' family (`architecture`; none: this class's) from its known fields;
+    other keys (Hugging Face extras such as `model_type`) are ignored."""
+    family = values.get("architecture") or cls.__dataclass_fields__["architecture"].default
+    try:
+      target = cls.family_class(family)
+    except ValueError as e:
+      raise ValueError(f"Invalid config{' in ' + source if source else ''}: {e}") from e
+    known = {f.name for f in dataclasses.fields(target)}
     kwargs = {k: v for k, v in values.items() if k in known}
     if "layer_norm_eps" not in values and "layer_norm_epsilon" in values:
       kwargs["layer_norm_eps"] = values["layer_norm_epsilon"]
     try:
-      return cls(**kwargs)
+      return target(**kwargs)
     except (TypeError, ValueError) as e:
       raise ValueError(f"Invalid BERT config{' in ' + source if source else ''}: {e}") from e
 
@@ -252,10 +215,8 @@ class BertConfig:
     if not include_runtime:
       for field in self.RUNTIME_FIELDS:
         values.pop(field)
-    if not self.is_modern:   # a BERT config's files stay what they were
+    if not self.WRITES_ARCHITECTURE:   # BERT's files stay what the original release wrote
       values.pop("architecture")
-      for field in self.MODERN_FIELDS:
-        values.pop(field)
     return values
 
   def to_json_string(self, include_runtime: bool = False) -> str:
@@ -270,34 +231,4 @@ class BertConfig:
     return dataclasses.replace(self, **changes)
 
 
-def modern_defaults() -> Dict[str, Any]:
-  """The fields ModernBERT's released checkpoints share (transformers' ModernBertConfig defaults,
-  answerdotai/ModernBERT-base's config.json), the block fields included."""
-  return dict(architecture="modernbert", vocab_size=50368, hidden_act="gelu", glu=True,
-              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-              max_position_embeddings=8192, type_vocab_size=1, layer_norm_eps=1e-5,
-              norm_type="layernorm", norm_bias=False, attention_bias=False, mlp_bias=False,
-              decoder_bias=True, classifier_bias=False, classifier_activation="gelu",
-              classifier_pooling="mean", global_attn_every_n_layers=3, local_attention=128,
-              global_rope_theta=160_000.0, local_rope_theta=10_000.0,
-              initializer_range=0.02, initializer_cutoff_factor=2.0, pad_token_id=50283)
-
-
-def glu_width(intermediate_size: int) -> int:
-  """The GLU width that gives a MLP BERT's weights: 2/3 of BERT's intermediate size (a GLU has
-  three matrices to BERT's two), rounded to a multiple of 64 (mini: 1,024 -> 704; tiny: 512 ->
-  320)."""
-  return 64 * max(1, round(2 * intermediate_size / 3 / 64))
-
-
-def modern_counterpart(bert: BertConfig, **overrides) -> BertConfig:
-  """The ModernBERT-family model of about `bert`'s size, for comparing the two blocks: `bert`'s
-  layers, width, heads, vocabulary and compute settings, the MLP's weights kept (`glu_width`),
-  ModernBERT's other fields (`modern_defaults`: every third layer global, no biases, no dropout);
-  `overrides` last (e.g. the window, the rotary bases, the vocabulary's [PAD])."""
-  fields = dict(modern_defaults(), num_hidden_layers=bert.num_hidden_layers,
-                hidden_size=bert.hidden_size, num_attention_heads=bert.num_attention_heads,
-                intermediate_size=glu_width(bert.intermediate_size), vocab_size=bert.vocab_size,
-                **{name: getattr(bert, name) for name in BertConfig.RUNTIME_FIELDS})
-  fields.update(overrides)
-  return BertConfig(**fields)
+BertConfig._FAMILY_CLASSES["bert"] = BertConfig

@@ -27,7 +27,8 @@ def attended_keys(bert_config, layer: int, seq_len: int) -> int:
 
 
 def modern_training_flops(bert_config, *, rows: int, seq_len: int, predictions: float) -> float:
-  """FLOPs of one ModernBERT-family training step (`bert_jax.model.modern`): per token the fused
+  """FLOPs of one ModernBERT-family training step (`bert_jax.families.modernbert`): per token the
+  fused
   Wqkv and Wo (4 H^2) and the GLU MLP (3 H I: Wi is [H, 2I]); attention over each layer's keys
   (all of them globally, the band locally); the MLM head at the masked positions; no NSP."""
   c = bert_config
@@ -38,24 +39,3 @@ def modern_training_flops(bert_config, *, rows: int, seq_len: int, predictions: 
                   for layer in range(c.num_hidden_layers))
   head = 6 * predictions * (c.hidden_size * c.hidden_size + c.hidden_size * c.vocab_size)
   return 6 * encoder_weights * tokens + attention + head
-
-
-def kernel_training_flops(bert_config, rows: int, seq_len: int) -> float:
-  """The training FLOPs a step spends inside the splash-attention kernels when it is compiled for
-  a TPU (0 where attention is not splash there): XLA's cost analysis counts a custom call as
-  almost nothing (a BERT-base forward and backward compiled for v5e: 1.6 MFLOP), so reports add
-  this analytic count."""
-  # Imported here: the model modules bring in Flax; the FLOP formulas above need nothing.
-  from bert_jax.model import kernels, modeling, splash
-  with kernels.compiling_for("tpu"):
-    kind = modeling.attention_kind(bert_config, deterministic=False, seq_len=seq_len)
-  if kind != "splash":
-    return 0.0
-  if bert_config.is_modern:   # the local layers' kernels skip the blocks outside the band
-    per_pair = splash.attention_flops(rows, bert_config.num_attention_heads, seq_len,
-                                      bert_config.head_dim) / seq_len
-    return sum(per_pair * attended_keys(bert_config, layer, seq_len)
-               for layer in range(bert_config.num_hidden_layers))
-  return bert_config.num_hidden_layers * splash.attention_flops(
-      rows, bert_config.num_attention_heads, seq_len, bert_config.head_dim,
-      bert_config.causal_attention)

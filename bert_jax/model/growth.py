@@ -62,7 +62,7 @@ def _fused_parts(path: str, config: BertConfig) -> int:
   """How many equal parts the parameter at `path` fuses along its output axis."""
   if "/Wqkv/" in path:
     return 3
-  if "/mlp/Wi/" in path and config.is_modern and config.glu:
+  if "/mlp/Wi/" in path and config.glu:   # the GLU's fused halves (ModernBERT's Wi)
     return 2
   return 1
 

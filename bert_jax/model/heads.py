@@ -6,7 +6,8 @@ parameters live under `head/...`, which is what "not loaded from the checkpoint"
 `encoder_outputs` is `BertModel`'s dict with any leading example axes kept, e.g. for multiple
 choice pooled_output is [B, C, H]. A head's `kernels` field takes the encoder's
 `BertConfig.kernels`, so that its dropout and output layer use the same forms
-(bert_jax/model/kernels.py).
+(bert_jax/model/kernels.py); its `init_std` and an unset `dropout_rate` are the encoder
+family's (`Family.head_settings`: transformers' choices for that family's task classes).
 
 A loss is `loss(outputs, batch) -> (row_loss [B], row_weight [B])`; the fine-tuning loop masks
 padding rows and divides: loss = sum(row_loss * mask) / sum(row_weight * mask). Classification
@@ -15,22 +16,40 @@ losses and the number of scored tokens per row (the mean over scored tokens).
 
 Shape letters: B batch, C choices, S sequence, H hidden, K labels.
 """
+from typing import Optional
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bert_jax.model.kernels import select as select_kernels
 
-# The original classifier's initialiser: truncated normal, stddev 0.02, zero bias.
-_INIT_STDDEV = 0.02
+# The original classifier's initialiser: truncated normal (+-2 std), stddev 0.02, zero bias; a
+# model family may start its heads with another std (`Family.head_settings`: ModernBERT's).
+INIT_STDDEV = 0.02
+# Dropout before the output layer where neither the task nor the family says (BERT's).
+DROPOUT_RATE = 0.1
 
 
-def _output_layer(features: int, name: str, kernels_spec: str) -> nn.Dense:
+def _output_layer(features: int, name: str, kernels_spec: str,
+                  init_std: float = INIT_STDDEV) -> nn.Dense:
   # Computed in float32 whatever the encoder's dtype: these logits feed softmax / MSE directly.
   return nn.Dense(features, dtype=jnp.float32, param_dtype=jnp.float32,
-                  kernel_init=nn.initializers.truncated_normal(stddev=_INIT_STDDEV),
+                  kernel_init=nn.initializers.truncated_normal(stddev=init_std),
                   bias_init=nn.initializers.zeros_init(), name=name,
                   dot_general=select_kernels(kernels_spec).dense_dot_general)
+
+
+def _rate(dropout_rate: Optional[float]) -> float:
+  return DROPOUT_RATE if dropout_rate is None else dropout_rate
+
+
+def token_features(encoder_outputs) -> jnp.ndarray:
+  """What a token-level head reads [B, S, H] (float32): the encoder family's per-token head
+  (`token_output`: ModernBERT's prediction head on every token, as transformers' token and span
+  classes apply it) where it has one, else the last layer."""
+  return encoder_outputs.get("token_output", encoder_outputs["sequence_output"]).astype(
+      jnp.float32)
 
 
 class ClassificationHead(nn.Module):
@@ -39,31 +58,34 @@ class ClassificationHead(nn.Module):
   num_labels=1 is regression (STS-B): `logits[..., 0]` is the predicted score.
   """
   num_labels: int
-  dropout_rate: float = 0.1
+  dropout_rate: Optional[float] = None   # None: DROPOUT_RATE, or the family's (FineTuningModel)
   kernels: str = "auto"       # BertConfig.kernels: the encoder's choice of building blocks
+  init_std: float = INIT_STDDEV
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, H]
-    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    dropout = select_kernels(self.kernels).Dropout(_rate(self.dropout_rate))
     pooled = dropout(pooled, deterministic=deterministic)
-    logits = _output_layer(self.num_labels, "classifier", self.kernels)(pooled)     # [B, K]
+    logits = _output_layer(self.num_labels, "classifier", self.kernels,
+                           self.init_std)(pooled)                           # [B, K]
     return {"logits": logits}
 
 
 class MultipleChoiceHead(nn.Module):
   """One score per (context, ending) pair from its pooled [CLS]; softmax over the choices (SWAG)."""
-  dropout_rate: float = 0.1
+  dropout_rate: Optional[float] = None
   kernels: str = "auto"       # BertConfig.kernels
+  init_std: float = INIT_STDDEV
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
     pooled = encoder_outputs["pooled_output"].astype(jnp.float32)           # [B, C, H]
-    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    dropout = select_kernels(self.kernels).Dropout(_rate(self.dropout_rate))
     pooled = dropout(pooled, deterministic=deterministic)
-    scores = _output_layer(1, "classifier", self.kernels)(pooled)[..., 0]   # [B, C]
+    scores = _output_layer(1, "classifier", self.kernels, self.init_std)(pooled)[..., 0]  # [B, C]
     return {"logits": scores}
 
 
@@ -96,12 +118,15 @@ class SpanHead(nn.Module):
   post-processing only ever reads passage positions (and [CLS] for the v2.0 null score).
   """
   kernels: str = "auto"       # BertConfig.kernels
+  init_std: float = INIT_STDDEV
+  # Asks the encoder for its family's per-token head (`token_features`; FineTuningModel).
+  reads_tokens = True
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch, deterministic
-    sequence = encoder_outputs["sequence_output"].astype(jnp.float32)        # [B, S, H]
-    logits = _output_layer(2, "qa_outputs", self.kernels)(sequence)          # [B, S, 2]
+    sequence = token_features(encoder_outputs)                               # [B, S, H]
+    logits = _output_layer(2, "qa_outputs", self.kernels, self.init_std)(sequence)   # [B, S, 2]
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}    # [B, S] each
 
 
@@ -121,16 +146,19 @@ def span_loss(outputs, batch):
 class TokenTaggingHead(nn.Module):
   """NER: logits = W . dropout(T_i) for every token (the word's label sits on its first piece)."""
   num_labels: int
-  dropout_rate: float = 0.1
+  dropout_rate: Optional[float] = None
   kernels: str = "auto"       # BertConfig.kernels
+  init_std: float = INIT_STDDEV
+  reads_tokens = True         # see SpanHead
 
   @nn.compact
   def __call__(self, encoder_outputs, batch, deterministic: bool):
     del batch
-    sequence = encoder_outputs["sequence_output"].astype(jnp.float32)        # [B, S, H]
-    dropout = select_kernels(self.kernels).Dropout(self.dropout_rate)
+    sequence = token_features(encoder_outputs)                               # [B, S, H]
+    dropout = select_kernels(self.kernels).Dropout(_rate(self.dropout_rate))
     sequence = dropout(sequence, deterministic=deterministic)
-    logits = _output_layer(self.num_labels, "classifier", self.kernels)(sequence)   # [B, S, K]
+    logits = _output_layer(self.num_labels, "classifier", self.kernels,
+                           self.init_std)(sequence)                         # [B, S, K]
     return {"logits": logits}
 
 

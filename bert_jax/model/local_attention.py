@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 Array = Any
-_MASK_VALUE = -1e9       # as modeling's: masked keys contribute exactly zero, also in bfloat16
+_MASK_VALUE = -1e9       # as layers': masked keys contribute exactly zero, also in bfloat16
 _BLOCK_MULTIPLE = 128    # block lengths are multiples of a TPU lane width
 
 

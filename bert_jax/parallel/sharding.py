@@ -13,7 +13,7 @@ each chip updates its 1/data of the moments, the compiler all-gathering the new 
 
 Tensor parallelism (`config.model_parallelism` > 1) adds a `model` mesh axis: the mesh is
 (data = devices / model_parallelism, model). Parameters carry logical axis names
-(`nn.with_logical_partitioning` in `bert_jax.model.modeling`); one table of rules
+(`nn.with_logical_partitioning` in `bert_jax.model.layers`); one table of rules
 (`DEFAULT_RULES`, or `config.logical_axis_rules`) maps them onto mesh axes, and every leaf of the
 train state that mirrors a parameter (Adam/LAMB moments) is placed like that parameter.
 """

@@ -85,8 +85,16 @@ def upgraded(values: Dict[str, Any]) -> Dict[str, Any]:
 
 def replaced(config: ml_collections.ConfigDict,
              changes: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """A copy of `config` with `changes` ({"model.vocab_size": 800, ...}: declared fields only);
+  """A copy of `config` with `changes` ({"model.vocab_size": 800, ...}: declared fields only; a
+  dict value replaces a whole block, {"model": {...}}: another model family's fields);
   `config` itself is never changed."""
   copy = config.copy_and_resolve_references()
-  copy.update_from_flattened_dict(dict(changes))
+  fields = {}
+  for name, value in changes.items():
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      parent, last = _parent(copy, name)
+      parent[last] = ml_collections.ConfigDict(dict(value))
+    else:
+      fields[name] = value
+  copy.update_from_flattened_dict(fields)
   return copy

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import families
+from bert_jax import families
 from bert_jax.parallel import sharding
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 
@@ -29,7 +29,7 @@ MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
 def encoder_hidden_states(bert_config, dtype=None) -> Callable[[Dict, Dict], Dict]:
   """(params, batch) -> {"hidden_states": [B, L+1, S, H]}: the encoder's embeddings and every
   layer, batch first; cast to `dtype` if given."""
-  model = families.encoder(bert_config, add_pooling_layer=False)
+  model = families.of(bert_config).encoder(bert_config, add_pooling_layer=False)
 
   def apply(params, batch):
     out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],

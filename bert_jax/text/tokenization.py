@@ -346,6 +346,8 @@ def _special_id(vocab: Dict[str, int], token: str, where: str) -> int:
 class FullTokenizer:
   """WordPiece tokenizer, token for token the same as the reference (see the module docstring)."""
 
+  pair_separators = 1   # [SEP]s between the two texts of a pair (bert_jax.text.pairs)
+
   def __init__(self, vocab_file: str, do_lower_case: bool = True,
                max_input_chars_per_word: int = 200):
     self.vocab_file = vocab_file
@@ -441,6 +443,8 @@ class SentencePieceTokenizer:
   Special tokens written in the text are cut out first and kept whole (like `FullTokenizer`); the
   text around them is encoded separately, so "a[SEP]b" gives "▁a [SEP] ▁b".
   """
+
+  pair_separators = 1   # [SEP]s between the two texts of a pair (bert_jax.text.pairs)
 
   def __init__(self, spm_model_file: str, do_lower_case: bool = False):
     import sentencepiece as spm
@@ -593,6 +597,61 @@ def _components(spec: Optional[dict]) -> List[dict]:
   return [spec]
 
 
+# RoBERTa's special tokens as transformers' RobertaTokenizerFast declares them (bos, eos, unk,
+# sep, pad, cls, mask: the order it appends those a vocab.json lacks).
+_ROBERTA_SPECIAL = ("<s>", "</s>", "<unk>", "<pad>", "<mask>")
+MERGES_FILE = "merges.txt"
+
+
+def _is_bpe_vocab(spec) -> bool:
+  """Whether a parsed JSON file is a byte-level BPE vocab.json (token -> id), not a
+  tokenizer.json (which has a "model" object)."""
+  return (isinstance(spec, dict) and bool(spec) and not isinstance(spec.get("model"), dict)
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in spec.values()))
+
+
+def _read_merges(merges_file: str) -> List[tuple]:
+  """The merges of a merges.txt as the `tokenizers` library reads them: one 'a b' pair a line,
+  '#version' lines skipped (blank lines too)."""
+  merges = []
+  for number, line in enumerate(filesystem.read_text(merges_file).splitlines(), 1):
+    if not line.strip() or line.startswith("#version"):
+      continue
+    parts = line.split(" ")
+    if len(parts) != 2:
+      raise ValueError(f"{merges_file}, line {number}: a merge is two tokens separated by one "
+                       f"space, got {line!r}")
+    merges.append((parts[0], parts[1]))
+  return merges
+
+
+def _roberta_engine(vocab_file: str, vocab: Dict[str, int]):
+  """The `tokenizers` pipeline transformers' `RobertaTokenizerFast` builds from a vocab.json and
+  the merges.txt beside it: byte-level BPE (no unk token, no continuing-subword prefix), ByteLevel
+  pre-tokenizer without a prefix space and ByteLevel decoder, no normalizer (cased), the special
+  tokens <s> </s> <unk> <pad> <mask> (appended in that order where vocab.json lacks them) and
+  RobertaProcessing (<s> A </s></s> B </s>)."""
+  from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+  directory = filesystem.dirname(vocab_file)
+  merges_file = filesystem.join(directory, MERGES_FILE)
+  if not filesystem.isfile(merges_file):
+    raise FileNotFoundError(
+        f"{vocab_file} is a byte-level BPE vocabulary (RoBERTa's vocab.json) but its folder "
+        f"{directory or '.'} has no {MERGES_FILE} beside it: a vocab.json needs its merges.txt "
+        "(or pass the model's tokenizer.json instead)")
+  engine = _hf_tokenizers.Tokenizer(models.BPE(
+      vocab=vocab, merges=_read_merges(merges_file), dropout=None, continuing_subword_prefix="",
+      end_of_word_suffix="", fuse_unk=False))
+  engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  engine.decoder = decoders.ByteLevel()
+  engine.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=False,
+                                        rstrip=False) for t in _ROBERTA_SPECIAL])
+  engine.post_processor = processors.RobertaProcessing(
+      ("</s>", engine.token_to_id("</s>")), ("<s>", engine.token_to_id("<s>")),
+      trim_offsets=True, add_prefix_space=False)
+  return engine
+
+
 class HuggingFaceTokenizer:
   """A Hugging Face `tokenizer.json` (the `tokenizers` library) behind the FullTokenizer interface.
 
@@ -606,11 +665,22 @@ class HuggingFaceTokenizer:
   truncation. Casing is the file's: its normalizer lower-cases or it does not, and
   `do_lower_case` is not applied on top (`self.do_lower_case` reports what the normalizer does).
 
+  `pair_separators`: how many [SEP]s the file's post-processor puts between the two texts of a
+  pair: 2 for RoBERTa / XLM-R (`RobertaProcessing`, or a pair template `<s> $A </s> </s> $B </s>`),
+  else 1 (`bert_jax.text.pairs` joins pairs with that many).
+
   Special tokens are found by name: [CLS] and [SEP] first from the post-processor (the first and
   last special token of its single-sequence template, or BERT/RoBERTa processing's cls/sep),
   [UNK] from the model, [PAD] from the padding settings, then each by its names (`[CLS]`, `<cls>`,
   `<s>`, ...: `_HF_SPECIAL_ALIASES`) among the added special tokens, then the whole vocabulary. A
   missing one is an error naming the file when it is asked for.
+
+  `tokenizer_file` may instead be a byte-level BPE `vocab.json` with `merges.txt` in the same
+  folder (older RoBERTa releases, fairseq conversions: no tokenizer.json): the pipeline is then
+  the one transformers' `RobertaTokenizerFast` builds from those two files (`_roberta_engine`),
+  ids for ids. `source_files` names the files read (vocab.json and merges.txt for that form);
+  `tokenizer_json()` is the pipeline as one tokenizer.json text (what to write where the
+  tokenizer travels, e.g. beside a saved model).
   """
 
   def __init__(self, tokenizer_file: str):
@@ -622,9 +692,22 @@ class HuggingFaceTokenizer:
     text = filesystem.read_text(tokenizer_file)
     try:
       spec = json.loads(text)
-      engine = _hf_tokenizers.Tokenizer.from_str(text)
-    except Exception as e:  # json.JSONDecodeError or the library's own parse error
+    except ValueError as e:  # json.JSONDecodeError
       raise ValueError(f"{tokenizer_file} is not a Hugging Face tokenizer.json: {e}") from e
+    if _is_bpe_vocab(spec):   # RoBERTa's vocab.json (+ merges.txt beside it)
+      engine = _roberta_engine(tokenizer_file, spec)
+      text = engine.to_str()
+      spec = json.loads(text)
+      self.source_files = (tokenizer_file, filesystem.join(filesystem.dirname(tokenizer_file),
+                                                           MERGES_FILE))
+    else:
+      try:
+        engine = _hf_tokenizers.Tokenizer.from_str(text)
+      except Exception as e:  # the library's own parse error
+        raise ValueError(f"{tokenizer_file} is not a Hugging Face tokenizer.json (nor a "
+                         f"vocab.json of token ids): {e}") from e
+      self.source_files = (tokenizer_file,)
+    self._json_text = text
     # The file's padding and truncation settings (a BERT tokenizer.json often pads to 128) would
     # change every length; rows are padded and truncated by bert_jax.text.pairs.
     engine.no_padding()
@@ -642,6 +725,7 @@ class HuggingFaceTokenizer:
     special_added = frozenset(t.content for t in added.values() if t.special)
     self._special_piece = self._find_special_tokens(spec, special_added)
     self._special_pieces = frozenset(self._special_piece.values()) | self._added
+    self.pair_separators = self._find_pair_separators(spec)
     model = spec.get("model") or {}
     normalizers = _components(spec.get("normalizer"))
     self.do_lower_case = any(
@@ -695,6 +779,27 @@ class HuggingFaceTokenizer:
         if name not in found and match is not None:
           found[name] = match
     return found
+
+  def _find_pair_separators(self, spec: dict) -> int:
+    """[SEP]s between A and B in the post-processor's pair layout (1 unless it says otherwise)."""
+    for processor in _components(spec.get("post_processor")):
+      kind = processor.get("type")
+      if kind == "RobertaProcessing":
+        return 2
+      if kind == "TemplateProcessing":
+        template = processor.get("pair") or []
+        positions = [i for i, item in enumerate(template) if "Sequence" in item]
+        if len(positions) != 2:
+          continue
+        names = {name: entry.get("tokens") or [] for name, entry in
+                 (processor.get("special_tokens") or {}).items()}
+        middle = [token for item in template[positions[0] + 1:positions[1]]
+                  if "SpecialToken" in item
+                  for token in names.get(item["SpecialToken"]["id"], [item["SpecialToken"]["id"]])]
+        sep = self._special_piece.get(SEP)
+        if middle and all(token == sep for token in middle):
+          return len(middle)
+    return 1
 
   @property
   def vocab_size(self) -> int:
@@ -783,13 +888,20 @@ class HuggingFaceTokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     return self._engine.decode([int(i) for i in ids], skip_special_tokens=False)
 
+  def tokenizer_json(self) -> str:
+    """The pipeline as one Hugging Face tokenizer.json text: the file's own text for a
+    tokenizer.json, the built pipeline for a vocab.json + merges.txt (loads in `tokenizers` /
+    transformers' `PreTrainedTokenizerFast` with the same ids)."""
+    return self._json_text
+
 
 def create_tokenizer(vocab_file: Optional[str] = None, spm_model_file: Optional[str] = None,
                      do_lower_case: bool = True, tokenizer_file: Optional[str] = None
                      ) -> Union[FullTokenizer, SentencePieceTokenizer, HuggingFaceTokenizer]:
   """A WordPiece `FullTokenizer` (vocab_file), a `SentencePieceTokenizer` (spm_model_file) or a
-  `HuggingFaceTokenizer` (tokenizer_file: a tokenizer.json, whose own normalizer decides the
-  casing, so do_lower_case does not apply to it).
+  `HuggingFaceTokenizer` (tokenizer_file: a tokenizer.json, or RoBERTa's byte-level BPE
+  vocab.json with its merges.txt beside it; a tokenizer.json's own normalizer decides the casing,
+  so do_lower_case does not apply to it).
 
   Exactly one of the three must be given; an empty string counts as not given (absl flag
   default).

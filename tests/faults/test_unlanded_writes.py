@@ -81,7 +81,7 @@ def tf1_checkpoint():
   from bert_jax.model.config import BertConfig
   config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=16, max_position_embeddings=16)
-  params = modeling.init_params(modeling.BertForPreTraining(config), jax.random.PRNGKey(0))
+  params = layers.init_params(bert_model.BertForPreTraining(config), jax.random.PRNGKey(0))
   checkpoints.export_tf_checkpoint(config, params, root + "/tf1/bert_model.ckpt")
 
 

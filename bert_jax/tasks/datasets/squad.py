@@ -33,6 +33,7 @@ from bert_jax.tasks.framework.task import Task, columns, text_field
 from bert_jax.model import heads
 from bert_jax.tasks.datasets import squad_metrics
 from bert_jax.text import tokenization
+from bert_jax.text.pairs import join_pair
 
 log = logging.getLogger(__name__)
 
@@ -371,9 +372,13 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
                                                passage token, -1 elsewhere
     token_is_max_context                       [N, S] bool
   """
-  if max_seq_length < max_query_length + 3 + 1:
+  # [CLS] question [SEP] passage [SEP]; RoBERTa's tokenizers join the two with two separators.
+  separators = getattr(tokenizer, "pair_separators", 1)
+  specials = 2 + separators
+  if max_seq_length < max_query_length + specials + 1:
     raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the passage after a "
-                     f"question of max_query_length={max_query_length} and 3 special tokens")
+                     f"question of max_query_length={max_query_length} and {specials} special "
+                     "tokens")
   cls_id, sep_id, pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
   rows = collections.defaultdict(list)
   passages: Dict[str, PassageTokens] = {}
@@ -387,12 +392,12 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
     if ex.answers and not ex.is_impossible:
       text, start = ex.answers[0]
       answer = answer_token_span(passage, start, start + len(text))
-    max_tokens_for_doc = max_seq_length - len(query_ids) - 3
+    max_tokens_for_doc = max_seq_length - len(query_ids) - specials
     windows = doc_windows(len(doc_ids), max_tokens_for_doc, doc_stride)
-    doc_offset = len(query_ids) + 2  # [CLS] question [SEP]
+    doc_offset = len(query_ids) + 1 + separators  # [CLS] question [SEP] (or </s></s>)
     for w, (w_start, w_len) in enumerate(windows):
-      ids = [cls_id] + query_ids + [sep_id] + doc_ids[w_start:w_start + w_len] + [sep_id]
-      segments = [0] * doc_offset + [1] * (w_len + 1)
+      ids, segments = join_pair(query_ids, doc_ids[w_start:w_start + w_len], cls_id, sep_id,
+                                separators)
       char_start = np.full(max_seq_length, -1, np.int32)
       char_end = np.full(max_seq_length, -1, np.int32)
       max_context = np.zeros(max_seq_length, bool)

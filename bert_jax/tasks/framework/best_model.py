@@ -149,8 +149,9 @@ def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, inf
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
   if getattr(tokenizer, "spm_model_file", None):
     filesystem.copy(tokenizer.spm_model_file, filesystem.join(directory, SPM_COPY))
-  elif getattr(tokenizer, "tokenizer_file", None):
-    filesystem.copy(tokenizer.tokenizer_file, filesystem.join(directory, TOKENIZER_JSON_COPY))
+  elif getattr(tokenizer, "tokenizer_file", None):   # one tokenizer.json, whatever it was read from
+    filesystem.write_text(filesystem.join(directory, TOKENIZER_JSON_COPY),
+                          tokenizer.tokenizer_json())
   elif getattr(tokenizer, "vocab_file", None):
     filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
   with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:

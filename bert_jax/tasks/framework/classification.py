@@ -344,6 +344,14 @@ class ClassificationTask(Task):
     del split
     return make_features(self.spec, self.config.max_seq_length, examples, tokenizer)
 
+  def shape_examples(self):
+    """Four made-up examples of the spec's layout (features are padded to max_seq_length, so
+    their text does not change a shape): no data file read."""
+    text = " ".join(["word"] * 8)
+    label = self.spec.labels[0] if self.spec.labels else 0.0
+    return [TextExample(str(i), text, text if self.spec.is_pair else None, label)
+            for i in range(4)]
+
   def make_head(self):
     return heads.ClassificationHead(max(len(self.spec.labels), 1), self.config.head_dropout)
 

@@ -42,7 +42,7 @@ from flax import traverse_util
 
 from bert_jax import parallel
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import families, flops
+from bert_jax import families
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import config_names, optim, outputs
@@ -83,8 +83,15 @@ class FineTuningModel(nn.Module):
   def __post_init__(self):
     # A head's `kernels` (its dropout and output layer) is the encoder's choice, whatever the
     # task's make_head() left it at: `--config.model.kernels` names every module of the model.
-    if _has_field(self.head, "kernels") and self.head.kernels != self.bert_config.kernels:
-      object.__setattr__(self, "head", self.head.clone(kernels=self.bert_config.kernels))
+    # Its initialisation and unset dropout are the encoder family's (`Family.head_settings`).
+    settings = dict(families.of(self.bert_config).head_settings(self.bert_config),
+                    kernels=self.bert_config.kernels)
+    if _has_field(self.head, "dropout_rate") and self.head.dropout_rate is not None:
+      settings.pop("dropout_rate")   # the task's (config.head_dropout) stays
+    changes = {k: v for k, v in settings.items()
+               if _has_field(self.head, k) and getattr(self.head, k) != v}
+    if changes:
+      object.__setattr__(self, "head", self.head.clone(**changes))
     super().__post_init__()
 
   @nn.compact
@@ -92,12 +99,14 @@ class FineTuningModel(nn.Module):
     ids = batch["input_ids"]
     lead, seq_len = ids.shape[:-1], ids.shape[-1]
     fold = lambda x: x.reshape((-1, seq_len))                                # [..., S] -> [N, S]
-    encoder = families.encoder(self.bert_config, name="bert")
+    encoder = families.of(self.bert_config).encoder(self.bert_config, name="bert")
     outputs = encoder(fold(ids), fold(batch["input_mask"]), fold(batch["segment_ids"]),
                       deterministic=deterministic or self.freeze_encoder,
-                      output_hidden_states=self.output_hidden_states)
+                      output_hidden_states=self.output_hidden_states,
+                      token_head=getattr(self.head, "reads_tokens", False))
     unfold = {
         "sequence_output": lambda x: x.reshape(lead + x.shape[1:]),          # [..., S, H]
+        "token_output": lambda x: x.reshape(lead + x.shape[1:]),             # [..., S, H]
         "pooled_output": lambda x: x.reshape(lead + x.shape[1:]),            # [..., H]
         "hidden_states": lambda x: x.reshape(x.shape[:1] + lead + x.shape[2:]),  # [L+1, ..., S, H]
     }
@@ -407,21 +416,25 @@ class Inputs:
 
 def read_inputs(task: Task, config, max_train_examples: Optional[int] = None,
                 evaluation: bool = True) -> Inputs:
-  """The inputs of a run; `max_train_examples` (default `config.data.max_train_examples`) and
-  `evaluation=False` read less where only the shapes matter (`--compile_for`)."""
+  """The inputs of a run; `max_train_examples` (default `config.data.max_train_examples`) reads
+  less; `evaluation=False` reads no data where only the shapes matter (`--compile_for`: the
+  task's `shape_examples`, no evaluation split)."""
   if not config.init_checkpoint:
     raise ValueError("config.init_checkpoint is empty: give a Hugging Face directory, a Google "
                      "TF checkpoint, a save_pretrained directory or a pre-training workdir.")
   bert_config = bert_config_for(config, checkpoints.load_pretrained_config(config.init_checkpoint))
   tokenizer = create_tokenizer(config, bert_config)
-  if (not bert_config.is_modern   # rotary positions: no table to run past
-      and config.max_seq_length > bert_config.max_position_embeddings):
-    raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the checkpoint's "
-                     f"max_position_embeddings={bert_config.max_position_embeddings}")
+  families.of(bert_config).check_length(bert_config, config.max_seq_length,
+                                        config.init_checkpoint)
   start = time.time()
   if max_train_examples is None:
     max_train_examples = config.data.max_train_examples
-  train = load_split(task, task.train_split, tokenizer, max_train_examples)
+  if evaluation:
+    train = load_split(task, task.train_split, tokenizer, max_train_examples)
+  else:   # the shapes only (`--compile_for`): the task's data need not be there
+    examples = task.shape_examples()
+    train = _Split(task.train_split, examples,
+                   task.make_features(examples, tokenizer, task.train_split))
   evals = [load_split(task, s, tokenizer, config.data.max_eval_examples)
            for s in (task.eval_splits if evaluation else ())]
   print(f"[{task.name}] {len(train.examples)} training examples ({train.features.num_rows} rows), "
@@ -449,16 +462,6 @@ def optimizer_for(task: Task, config, num_train_steps: int):
   return tx, schedule
 
 
-def modern_pooler_from_mlm_head(pretrained: Dict, bert_config: BertConfig) -> Dict:
-  """A ModernBERT encoder's pooling head (dense, activation, norm) starts as the checkpoint's MLM
-  head transform where the checkpoint has no pooler of its own: transformers'
-  ModernBertForSequenceClassification does the same (both are named `head.` there)."""
-  transform = pretrained.get("cls", {}).get("predictions", {}).get("transform")
-  if not bert_config.is_modern or transform is None or "pooler" in pretrained["bert"]:
-    return pretrained
-  return dict(pretrained, bert=dict(pretrained["bert"], pooler=transform))
-
-
 def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> TrainState:
   """A fresh run's state: the checkpoint's encoder (and head, for a best/ directory) in place of
   the freshly initialised one; the new head keeps its initialisation."""
@@ -466,7 +469,7 @@ def _warm_start(task: Task, config, bert_config: BertConfig, tx, state, par) -> 
   if filesystem.exists(filesystem.join(config.init_checkpoint, best_model.HEAD_FILE)):
     # A fine-tuned model (a best/ directory): its head is loaded too (shapes checked here).
     pretrained = dict(pretrained, head=best_model.read_head(config.init_checkpoint))
-  pretrained = modern_pooler_from_mlm_head(pretrained, bert_config)
+  pretrained = families.of(bert_config).with_pooler(pretrained)
   host = jax.device_get(par.checkpointable(state))
   params, not_loaded = merge_pretrained(
       host.params, checkpoints.to_model_layout(pretrained, bert_config), task.new_params,
@@ -526,12 +529,10 @@ def _flops(bert_config: BertConfig, features: Features):
   """(model_flops, kernel_flops): rows -> the analytic training FLOPs of a step of full rows."""
   ids = features.arrays["input_ids"]
   per_row = int(np.prod(ids.shape[1:-1]))   # [B, C, S]: C sequences per row (multiple choice)
-  c, s = bert_config, ids.shape[-1]
-  model_flops = lambda rows: flops.training_flops(
-      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-      tokens=rows * per_row * s, attention_pairs=rows * per_row * s * s, predictions=0,
-      pairs=rows * per_row)
-  return model_flops, lambda rows: flops.kernel_training_flops(c, rows * per_row, s)
+  c, s, family = bert_config, ids.shape[-1], families.of(bert_config)
+  model_flops = lambda rows: family.training_flops(c, rows=rows * per_row, seq_len=s,
+                                                   predictions=0, pairs=rows * per_row)
+  return model_flops, lambda rows: family.kernel_training_flops(c, rows * per_row, s)
 
 
 def make_job(task: Task, config: ml_collections.ConfigDict,
@@ -586,7 +587,7 @@ def job(task: Task, config: ml_collections.ConfigDict, workdir: Optional[str] = 
   scanned step)."""
   check_config(config)
   if workdir is None:
-    inputs = read_inputs(task, config, max_train_examples=4, evaluation=False)
+    inputs = read_inputs(task, config, evaluation=False)
   else:
     filesystem.makedirs(workdir)
     inputs = read_inputs(task, config)

@@ -11,7 +11,7 @@ tools that run on a finished model ask that object, never the kind's name:
 * `bert_jax.export` (`tasks/tools/serving.py`): the SavedModel signature's outputs in order
   (`outputs`: name -> shape in words and meaning; `serve`: raw head outputs -> those outputs),
   whether the inputs have a choices axis (`choices`), and the Hugging Face export
-  (`hf_class`, `hf_outputs`, `hf_shapes`, `hf_pooler`, `hf_config`).
+  (`hf_head`, `hf_outputs`, `hf_shapes`, `hf_config`).
 
 kind: predict's records; SavedModel outputs; transformers class
 * `CLASSIFICATION`: label, probability, probabilities; logits, probabilities [B, K];
@@ -48,14 +48,13 @@ class OutputKind:
   name: str = ""
   # The SavedModel's outputs in signature order.
   outputs: Mapping[str, Output] = {}
-  # The transformers class of the Hugging Face export (a ModernBERT-family model's: the same name
-  # with ModernBert), our output names -> its output's (an output not there, such as a softmax,
-  # is not part of its models), signature.json shapes that differ there (by its output name), and
-  # whether it has the pooler (add_pooling_layer).
-  hf_class: str = ""
+  # The head of the Hugging Face export (`bert_jax.families.base.HEADS`: each family names its
+  # transformers class, `Family.huggingface_class`, and where the pooler goes), our output names
+  # -> its output's (an output not there, such as a softmax, is not part of its models), and
+  # signature.json shapes that differ there (by its output name).
+  hf_head: str = ""
   hf_outputs: Mapping[str, str] = {}
   hf_shapes: Mapping[str, Sequence[Any]] = {}
-  hf_pooler: bool = True
   has_head: bool = True          # False: an encoder alone
   choices: bool = False          # inputs [B, C, S], C = len(labels)
   # predict's input formats read whole (beside `lines` and `jsonl`): format -> (the file name
@@ -113,7 +112,7 @@ class ClassificationKind(OutputKind):
       "logits": (["batch", "labels"],
                  "unnormalised score of each label (index = position in labels)"),
       "probabilities": (["batch", "labels"], "softmax of logits over the labels")}
-  hf_class = "BertForSequenceClassification"
+  hf_head = "sequence_classification"
   hf_outputs = {"logits": "logits"}
 
   def serve(self, raw, names):
@@ -135,7 +134,7 @@ class ClassificationKind(OutputKind):
 class RegressionKind(OutputKind):
   name = "regression"
   outputs = {"score": (["batch"], "the predicted value")}
-  hf_class = "BertForSequenceClassification"
+  hf_head = "sequence_classification"
   hf_outputs = {"score": "logits"}
   hf_shapes = {"logits": ["batch", 1]}
 
@@ -154,7 +153,7 @@ class MultipleChoiceKind(OutputKind):
   outputs = {
       "logits": (["batch", "choices"], "score of each choice"),
       "probabilities": (["batch", "choices"], "softmax of logits over the choices")}
-  hf_class = "BertForMultipleChoice"
+  hf_head = "multiple_choice"
   hf_outputs = {"logits": "logits"}
   choices = True
 
@@ -174,9 +173,8 @@ class TaggingKind(OutputKind):
                  "WordPiece (other positions are not trained)"),
       "probabilities": (["batch", "length", "labels"],
                         "softmax of logits over the labels at every token")}
-  hf_class = "BertForTokenClassification"
+  hf_head = "token_classification"
   hf_outputs = {"logits": "logits"}
-  hf_pooler = False
 
   def serve(self, raw, names):
     return _logits_and_probabilities(raw)
@@ -199,9 +197,8 @@ class SpanKind(OutputKind):
                        "score of each token as the answer's first (0 = [CLS]: no answer)"),
       "end_logits": (["batch", "length"],
                      "score of each token as the answer's last (0 = [CLS]: no answer)")}
-  hf_class = "BertForQuestionAnswering"
+  hf_head = "question_answering"
   hf_outputs = {"start_logits": "start_logits", "end_logits": "end_logits"}
-  hf_pooler = False
   file_formats = {"squad_json": (".json", "SQuAD")}
 
   def prediction_settings(self, task, directory):
@@ -230,7 +227,7 @@ class EncoderKind(OutputKind):
       "sequence_output": (["batch", "length", "hidden"], "final hidden state of every token"),
       "pooled_output": (["batch", "hidden"],
                         "the pooler (dense + tanh) on the [CLS] hidden state")}
-  hf_class = "BertModel"
+  hf_head = "encoder"
   hf_outputs = {"sequence_output": "last_hidden_state", "pooled_output": "pooler_output"}
   has_head = False
 

@@ -130,6 +130,12 @@ class Task(abc.ABC):
   def read_examples(self, split: str) -> Sequence[Any]:
     """The examples of a split (any objects)."""
 
+  def shape_examples(self) -> Sequence[Any]:
+    """A few training examples whose features have every shape a step takes, for compiling the
+    step without the task's data (`--compile_for`): by default the first 4 of the training
+    split; a task whose data may be absent makes its own."""
+    return list(self.read_examples(self.train_split))[:4]
+
   @abc.abstractmethod
   def make_features(self, examples: Sequence[Any], tokenizer, split: str) -> Features:
     """The model's inputs (and the labels its loss reads) for these examples."""

@@ -25,7 +25,8 @@ import ml_collections
 import numpy as np
 
 from bert_jax.io import filesystem
-from bert_jax.model.config import BertConfig, modern_counterpart
+from bert_jax.families.modernbert.config import modern_counterpart
+from bert_jax.model.config import BertConfig
 from bert_jax.runtime import config_names, outputs
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.datasets import glue
@@ -39,7 +40,7 @@ class Variant:
   title: str                       # the paper's table row, or the recipe part it adds
   overrides: Dict[str, Any]        # of the pre-training config, as dotted field names
   # Not None: the model is the ModernBERT family of the base model's size
-  # (`config.modern_counterpart`: the MLP's weights kept, a window of half the row, both rotary
+  # (`modern_counterpart`: the MLP's weights kept, a window of half the row, both rotary
   # bases 10,000) with the block fields this returns (given the base model) changed.
   modern_block: Optional[Callable[[BertConfig], Dict[str, Any]]] = None
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from bert_jax import families
 from bert_jax.io import checkpoints
 from bert_jax.model import growth
 from bert_jax.model.config import BertConfig
@@ -51,11 +52,11 @@ def load_init_checkpoint(source: str, params, ours: BertConfig, tiling: str = ""
                        f"{getattr(loaded_config, field)} but config.model.{field}="
                        f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
                        "checkpoint's architecture; config.init_tiling grows a smaller one)")
-  # Rotary positions have no table: a ModernBERT phase may run longer than the one before it.
-  if (not ours.is_modern
+  # Without a position table (rotary) a later phase may run longer than the one before it.
+  if (families.of(ours).same_positions_needed(ours)
       and loaded_config.max_position_embeddings != ours.max_position_embeddings):
     raise ValueError(f"init_checkpoint {source}: max_position_embeddings differs")
-  missing = checkpoints.missing_heads(loaded)
+  missing = checkpoints.missing_heads(loaded, loaded_config)
   loaded = checkpoints.to_model_layout(loaded, ours)
   merged = flax.core.unfreeze(jax.tree_util.tree_map(np.asarray, params))
   merged["bert"] = loaded["bert"]
@@ -93,11 +94,8 @@ def adopt_checkpoint(source: str, max_seq_length: int, *, vocab_file: str = "",
   for token). A `max_seq_length` beyond the checkpoint's position table is an error.
   """
   loaded = checkpoints.load_pretrained_config(source)
-  if not loaded.is_modern and max_seq_length > loaded.max_position_embeddings:
-    raise ValueError(f"config.max_seq_length={max_seq_length} is longer than the position "
-                     f"table of {source} (max_position_embeddings="
-                     f"{loaded.max_position_embeddings}): continued pre-training cannot add "
-                     f"positions; use --config.max_seq_length<={loaded.max_position_embeddings}")
+  # Continued pre-training cannot add positions to a table.
+  families.of(loaded).check_length(loaded, max_seq_length, source)
   changes = {f"model.{k}": v for k, v in loaded.to_dict(include_runtime=False).items()}
   found = not (vocab_file or spm_model_file or tokenizer_file)
   if found:

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import parallel
+from bert_jax import families, parallel
 from bert_jax.io import filesystem
 from bert_jax.io import training_checkpoints as tc
-from bert_jax.model import families, flops, growth, kernels, modeling
+from bert_jax.model import growth, kernels, layers
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import batch_ramp, config_names, optim, outputs
@@ -57,14 +57,15 @@ def bert_config_from(config: ml_collections.ConfigDict) -> BertConfig:
 
 
 def build_model(config: ml_collections.ConfigDict):
-  """`modeling.BertForPreTraining`, or the ModernBERT family's masked LM (`model/modern.py`)."""
+  """The pre-training model of the config's family (`Family.pretraining_model`): BERT's masked
+  LM + NSP, or a family's masked LM alone, as the objective and the family allow."""
   if config.objective not in OBJECTIVES:
-    raise ValueError(f"config.objective={config.objective!r}: expected one of {OBJECTIVES}")
+    raise ValueError(f"config.objective={config.objective!r}: expected one of {OBJECTIVES} "
+                     "('' in an experiment: the model family's first)")
   bert_config = bert_config_from(config)
-  if bert_config.is_modern and config.objective != "mlm":
-    raise ValueError(f"config.objective={config.objective!r}: config.model.architecture="
-                     "'modernbert' trains the masked LM alone; use --config.objective=mlm")
-  return families.pretraining_model(bert_config, use_nsp=config.objective == "mlm_nsp")
+  family = families.of(bert_config)
+  family.check_objective(config.objective)
+  return family.pretraining_model(bert_config, use_nsp=config.objective == "mlm_nsp")
 
 
 # ----------------------------------------------------------------------------------- losses
@@ -208,7 +209,7 @@ def eval_step(params, batch, *, model, objective):
 
 
 def create_train_state(config, model, tx, rng) -> TrainState:
-  params = modeling.init_params(model, rng, seq_len=min(config.max_seq_length, 8))
+  params = layers.init_params(model, rng, seq_len=min(config.max_seq_length, 8))
   return TrainState.create(params, tx)
 
 
@@ -224,10 +225,15 @@ def adopt_checkpoint(config: ml_collections.ConfigDict) -> Dict[str, Any]:
                      "Face directory, a Google TF checkpoint, a save_pretrained directory or a "
                      "pre-training workdir)")
   tokenizer = config.tokenizer
-  return init_checkpoint.adopt_checkpoint(
+  changes = init_checkpoint.adopt_checkpoint(
       config.init_checkpoint, config.max_seq_length, vocab_file=tokenizer.vocab_file,
       spm_model_file=tokenizer.spm_model_file, tokenizer_file=tokenizer.tokenizer_file,
       do_lower_case=tokenizer.do_lower_case)
+  # config.model as a whole: the checkpoint's family's fields, the run's compute settings.
+  model = {k: v for k, v in config.model.items() if k in BertConfig.RUNTIME_FIELDS}
+  model.update({k[len("model."):]: changes.pop(k) for k in list(changes)
+                if k.startswith("model.")})
+  return dict(changes, model=model)
 
 
 # ----------------------------------------------------------------------------------- loop
@@ -287,6 +293,10 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
         spm_model_file=config.tokenizer.spm_model_file or None,
         tokenizer_file=config.tokenizer.tokenizer_file or None,
         do_lower_case=config.tokenizer.do_lower_case)
+    model_config = bert_config_from(config)
+    vocabulary = (config.tokenizer.vocab_file or config.tokenizer.spm_model_file
+                  or config.tokenizer.tokenizer_file)
+    families.of(model_config).check_tokenizer(model_config, tokenizer, vocabulary)
     special = masking.SpecialTokens.from_tokenizer(tokenizer)
   ramp = batch_ramp.from_config(config)
   # With the batch warm-up the training input yields micro-batches of its start size (a step
@@ -383,14 +393,10 @@ def model_flops(config, rows: int) -> float:
   """The analytic training FLOPs of a step of `rows` rows (`model.flops`)."""
   c = bert_config_from(config)
   s = config.max_seq_length
-  if c.is_modern:
-    return flops.modern_training_flops(c, rows=rows, seq_len=s,
-                                       predictions=rows * config.max_predictions_per_seq)
   pairs = rows * (config.data.max_pairs_per_row if config.data.packing else 1)
-  return flops.training_flops(
-      c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-      tokens=rows * s, attention_pairs=rows * s * s,
-      predictions=rows * config.max_predictions_per_seq, pairs=pairs)
+  return families.of(c).training_flops(c, rows=rows, seq_len=s,
+                                       predictions=rows * config.max_predictions_per_seq,
+                                       pairs=pairs)
 
 
 class RampedBatches:
@@ -465,8 +471,8 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       example_batch=functools.partial(example_batch, config),
       example_eval_batch=functools.partial(_example_eval_batch, config),
       model_flops=functools.partial(model_flops, config),
-      kernel_flops=lambda rows: flops.kernel_training_flops(model.config, rows,
-                                                            config.max_seq_length),
+      kernel_flops=lambda rows: families.of(model.config).kernel_training_flops(
+          model.config, rows, config.max_seq_length),
       settings=LoopSettings.from_config(config, config.num_train_steps),
       batches=functools.partial(_training_batches, config), dropout_rng=dropout_rng,
       evaluator=_evaluator(config, eval_fn) if evaluates else None,
@@ -499,6 +505,9 @@ def job_config(config: ml_collections.ConfigDict,
   (`adopt_checkpoint`) and, given a workdir, what WORKDIR/data decides (`prepare`)."""
   check_config(config)
   config = config_names.replaced(config, adopt_checkpoint(config))
+  if not config.objective:   # the family's own (continued pre-training of any checkpoint)
+    config = config_names.replaced(
+        config, {"objective": families.of(bert_config_from(config)).objectives[0]})
   return prepare(config, workdir) if workdir is not None else config
 
 

@@ -16,12 +16,14 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
   casing, max_seq_length, the [CLS] A [SEP] B [SEP] layout), what the outputs mean and the
   labels; the vocabulary is a SavedModel asset (`assets/vocab.txt`, `assets/spm.model` or
   `assets/tokenizer.json`).
-* `huggingface`: the output kind's transformers class (`OutputKind.hf_class`): config.json
+* `huggingface`: the family's transformers class of the output kind (`OutputKind.hf_head`,
+  `Family.huggingface_class`; a pre-trained checkpoint with its masked-LM head: the family's
+  masked-LM class): config.json
   (labels as id2label/label2id) + model.safetensors + the tokenizer files (vocab.txt,
   tokenizer_config.json with do_lower_case; or a model's tokenizer.json, as
   `PreTrainedTokenizerFast`), loadable offline by `AutoModelFor...` and `AutoTokenizer`. The
-  encoder is written by `checkpoints.huggingface_state` (the same renaming as
-  `export_huggingface`), the head under transformers' names (torch Linear weights are [out, in]).
+  names are the family's (`Family.huggingface_state`, `huggingface_task_state`; torch Linear
+  weights are [out, in]).
 
 There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
 `FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
@@ -32,6 +34,7 @@ Shape letters: B batch, C choices, S sequence, H hidden, K labels.
 import contextlib
 import dataclasses
 import json
+import os
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import jax
@@ -40,8 +43,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from bert_jax import families
 from bert_jax.io import checkpoints, filesystem
-from bert_jax.model import families
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks.framework import finetuning, output_kinds
 from bert_jax.tasks.tools import fine_tuned
@@ -60,9 +63,6 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
                   "segment_ids": "token_type_ids"}
 # Our head parameter -> transformers' module name.
-_HF_HEAD_NAMES = {"classifier": "classifier", "qa_outputs": "qa_outputs"}
-
-
 @dataclasses.dataclass
 class Servable:
   """A model ready to export: its kind, parameters, tokenizer and how inputs are made."""
@@ -132,7 +132,9 @@ def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Serva
   bert_config, params = checkpoints.load_pretrained(path)
   if dtype:
     bert_config = bert_config.replace(dtype=dtype)
-  params = {"bert": checkpoints.to_model_layout({"bert": params["bert"]}, bert_config)["bert"]}
+  # The masked-LM head, where the checkpoint has one, travels to the transformers export.
+  heads = {"cls": params["cls"]} if "cls" in params else {}
+  params = dict(checkpoints.to_model_layout({"bert": params["bert"]}, bert_config), **heads)
   try:
     vocab_file, spm_model_file, tokenizer_file = checkpoints.find_vocab(path)
   except FileNotFoundError:
@@ -142,7 +144,8 @@ def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Serva
   elif do_lower_case is None:
     recorded = checkpoints.recorded_lower_case(path)
     do_lower_case = recorded if recorded is not None else not spm_model_file
-  encoder = families.encoder(bert_config, add_pooling_layer="pooler" in params["bert"])
+  encoder = families.of(bert_config).encoder(bert_config,
+                                             add_pooling_layer="pooler" in params["bert"])
 
   def apply(params, batch):
     return encoder.apply({"params": params["bert"]}, batch["input_ids"], batch["input_mask"],
@@ -248,9 +251,18 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
 
 
 def _vocabulary(servable: Servable) -> Tuple[Optional[str], Optional[str]]:
-  """(path of the vocabulary file, its name in the export) or (None, None)."""
+  """(path of the vocabulary file, its name in the export) or (None, None); a Hugging Face
+  tokenizer read from another form (RoBERTa's vocab.json + merges.txt) as one tokenizer.json,
+  written to a temporary folder."""
   path = servable.vocab_file or servable.spm_model_file or servable.tokenizer_file
-  return (path, filesystem.basename(path)) if path else (None, None)
+  if not path:
+    return None, None
+  if servable.tokenizer_file and filesystem.basename(path) != "tokenizer.json":
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="bert_jax_vocab_"), "tokenizer.json")
+    filesystem.write_text(path, tokenization.HuggingFaceTokenizer(
+        servable.tokenizer_file).tokenizer_json())
+  return path, filesystem.basename(path)
 
 
 def _special_tokens(servable: Servable) -> Dict[str, str]:
@@ -279,7 +291,9 @@ def export_saved_model(servable: Servable, output: str,
       native_serialization_platforms=tuple(platforms))
 
   # Parameters as variables, named by their path in the parameter tree.
-  flat = {"/".join(k): np.asarray(v) for k, v in flat_tree(servable.params).items()}
+  # The encoder and the task's head (a pre-trained checkpoint's masked-LM head is not served).
+  served = {k: v for k, v in servable.params.items() if k in ("bert", "head")}
+  flat = {"/".join(k): np.asarray(v) for k, v in flat_tree(served).items()}
   variables = {name: tf.Variable(value, trainable=False, name=name)
                for name, value in flat.items()}
   params = _unflatten({name: variables[name] for name in flat})
@@ -432,73 +446,43 @@ def _unflatten(flat: Dict[str, Any]) -> Dict:
 # ----------------------------------------------------------------------------------- Hugging Face
 
 
-def huggingface_head(servable: Servable) -> Dict[str, np.ndarray]:
-  """The task head under transformers' names: Linear weight [out, in], bias [out]."""
-  state = {}
-  for (module, leaf), value in flat_tree(servable.params["head"]).items():
-    value = np.asarray(value, np.float32)
-    name = _HF_HEAD_NAMES[module]
-    if leaf == "kernel":
-      state[f"{name}.weight"] = np.ascontiguousarray(value.T)      # [H, K] -> [K, H]
-    elif leaf == "bias":
-      state[f"{name}.bias"] = np.ascontiguousarray(value)
-    else:
-      raise ValueError(f"Unexpected head parameter {module}/{leaf}")
-  return state
+def _output_layer(servable: Servable) -> Dict[str, np.ndarray]:
+  """The task head's one output layer ({"kernel": [H, K], "bias": [K]}, host arrays)."""
+  modules = dict(jax.device_get(servable.params["head"]))
+  if len(modules) != 1:
+    raise ValueError(f"{servable.source}: the head has {sorted(modules)}; a transformers task "
+                     "class has one output layer")
+  return {k: np.asarray(v, np.float32) for k, v in next(iter(modules.values())).items()}
 
 
-def _modern_huggingface_state(servable: Servable, bert: Dict) -> Tuple[str, Dict[str, Any]]:
-  """(transformers class, state without the task's output layer) of a ModernBERT-family model:
-  the encoder under `model.` and the classifier's pooling head (our `bert/pooler`) as `head.`.
-
-  transformers' ModernBertForTokenClassification and ModernBertForQuestionAnswering put that
-  head (dense, activation, norm) on every token before the output layer, which bert_jax's tagging
-  and span heads do not have: those export as a SavedModel only."""
-  kind = servable.output_kind
-  architecture = kind.hf_class.replace("Bert", "ModernBert", 1)
-  if not kind.hf_pooler:
-    raise ValueError(f"{servable.source}: transformers' ModernBERT {kind.name} class applies a "
-                     "prediction head to every token that bert_jax's head has not; export "
-                     "--format=saved_model")
-  if not kind.has_head:
-    return architecture, checkpoints.huggingface_state(
-        servable.bert_config, {"bert": {k: v for k, v in bert.items() if k != "pooler"}})
-  pooler = bert.pop("pooler")
-  state = {f"model.{k}": v for k, v in
-           checkpoints.huggingface_state(servable.bert_config, {"bert": bert}).items()}
-  for (module, leaf), value in flat_tree(pooler).items():
-    name = "weight" if leaf in ("kernel", "scale") else leaf
-    value = np.asarray(value, np.float32)
-    state[f"head.{module}.{name}"] = np.ascontiguousarray(value.T if leaf == "kernel" else value)
-  return architecture, state
-
-
-def export_huggingface(servable: Servable, output: str) -> Dict[str, Any]:
-  """Writes the transformers model (the output kind's `hf_class`) and tokenizer files to
-  `output`."""
-  if servable.bert_config.causal_attention:
+def export_huggingface(servable: Servable, output: str,
+                       encoder_only: bool = False) -> Dict[str, Any]:
+  """Writes the family's transformers class of the output kind (`OutputKind.hf_head`; a
+  pre-trained checkpoint with its masked-LM head: the family's pre-training / masked-LM class,
+  unless `encoder_only`) and the tokenizer files to `output`."""
+  config = servable.bert_config
+  if config.causal_attention:
     raise ValueError(f"{servable.source} uses left-to-right attention (causal_attention), which "
                      "transformers' BERT classes cannot express; export --format=saved_model")
-  kind = servable.output_kind
+  family, kind = families.of(config), servable.output_kind
   bert = dict(servable.params["bert"])
-  if not kind.hf_pooler:   # transformers builds it without one (add_pooling_layer=False)
-    bert.pop("pooler", None)
-  if servable.bert_config.is_modern:
-    architecture, state = _modern_huggingface_state(servable, bert)
+  if kind.has_head:   # the family says where the pooler goes (or that it is left out)
+    architecture = family.huggingface_class(config, kind.hf_head, servable.source)
+    encoder = checkpoints.flatten(checkpoints.per_layer({"bert": bert}, config))
+    state = family.huggingface_task_state(kind.hf_head, encoder, _output_layer(servable))
   else:
-    architecture = kind.hf_class
-    encoder = checkpoints.huggingface_state(servable.bert_config, {"bert": bert})
-    state = {f"bert.{k}": v for k, v in encoder.items()} if kind.has_head else encoder
-  if kind.has_head:
-    state.update(huggingface_head(servable))
-  hf_config = checkpoints.huggingface_config(servable.bert_config, architecture)
+    heads = None if encoder_only else servable.params.get("cls")
+    head = family.pretrained_head(config) if heads else "encoder"
+    architecture = family.huggingface_class(config, head, servable.source)
+    state = checkpoints.huggingface_state(config, dict({"bert": bert},
+                                                       **({"cls": heads} if heads else {})))
+  hf_config = checkpoints.huggingface_config(config, architecture)
   tokenizer = tokenizer_for(servable)
-  if servable.bert_config.is_modern and tokenizer is not None:
-    # transformers' ModernBertConfig records the special ids (defaults: the released
-    # tokenizer's 50,281...); these are the ids of the vocabulary the model was trained with.
-    hf_config.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
-                     sep_token_id=tokenizer.sep_id, bos_token_id=tokenizer.cls_id,
-                     eos_token_id=tokenizer.sep_id)
+  if tokenizer is not None:
+    # The special ids the family's config records are the vocabulary's the model was trained
+    # with (transformers' ModernBertConfig would otherwise say the released tokenizer's 50,281).
+    hf_config.update({field: getattr(tokenizer, attribute)
+                      for field, attribute in family.special_token_ids})
   hf_config.update(kind.hf_config(servable.labels))
   hf_config = {k: v for k, v in hf_config.items() if v is not None}
   with written_whole(output) as partial:
@@ -518,8 +502,9 @@ def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[st
   """vocab.txt + tokenizer_config.json + special_tokens_map.json (WordPiece; transformers' BERT
   tokenizers have no SentencePiece form), or the model's tokenizer.json with them
   (`PreTrainedTokenizerFast`, casing in the file's normalizer)."""
-  if servable.tokenizer_file:
-    filesystem.copy(servable.tokenizer_file, filesystem.join(output, "tokenizer.json"))
+  if servable.tokenizer_file:   # one tokenizer.json, whatever it was read from
+    source = tokenization.HuggingFaceTokenizer(servable.tokenizer_file)
+    filesystem.write_text(filesystem.join(output, "tokenizer.json"), source.tokenizer_json())
     special = {f"{short}_token": token for short, token in _special_tokens(servable).items()}
     tokenizer_config = dict(special, tokenizer_class="PreTrainedTokenizerFast",
                             model_max_length=int(servable.max_seq_length))
@@ -548,12 +533,13 @@ def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[st
 
 
 def export(model: str, fmt: str, output: str, *, dtype: str = "",
-           do_lower_case: Optional[bool] = None,
-           platforms: Sequence[str] = PLATFORMS) -> Dict[str, Any]:
-  """Loads `model` (see `load`) and writes it to `output` in `fmt` (FORMATS)."""
+           do_lower_case: Optional[bool] = None, platforms: Sequence[str] = PLATFORMS,
+           encoder_only: bool = False) -> Dict[str, Any]:
+  """Loads `model` (see `load`) and writes it to `output` in `fmt` (FORMATS); `encoder_only`:
+  a pre-trained checkpoint's transformers export without its masked-LM head."""
   if fmt not in FORMATS:
     raise ValueError(f"format={fmt!r}: expected one of {FORMATS}")
   servable = load(model, dtype=dtype, do_lower_case=do_lower_case)
   if fmt == "saved_model":
     return export_saved_model(servable, output, platforms)
-  return export_huggingface(servable, output)
+  return export_huggingface(servable, output, encoder_only)

@@ -2,8 +2,8 @@
 
 transformers' `ModernBertModel` / `ModernBertForMaskedLM` (`config.json` with model_type
 "modernbert", `model.safetensors`) <-> this project's `bert/...`, `cls/predictions/...` names of
-`bert_jax.model.modern`. `bert_jax.io.checkpoints` reads and writes the files; this module is only
-the renaming and the config translation.
+`bert_jax.families.modernbert.model`. `bert_jax.io.checkpoints` reads and writes the files; this
+module is only the renaming and the config translation.
 
 | transformers                              | bert_jax                                       |
 |-------------------------------------------|------------------------------------------------|
@@ -21,17 +21,17 @@ the renaming and the config translation.
 `mlp_dropout` (= `embedding_dropout`) <-> `hidden_dropout_prob`; `attention_dropout` <->
 `attention_probs_dropout_prob`; `hidden_activation` <-> `hidden_act`.
 """
+import dataclasses
 import re
 from typing import Any, Dict, List
 
 import jax
 import numpy as np
 
-from bert_jax.model import config as config_lib
-from bert_jax.model import modern
+from bert_jax.families.base import Flat
+from bert_jax.families.modernbert import model as modern
+from bert_jax.families.modernbert.config import ModernBertConfig
 from bert_jax.model.config import BertConfig
-
-Flat = Dict[str, np.ndarray]
 
 # Fields that are named alike in both configs.
 _SAME = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -39,10 +39,6 @@ _SAME = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
          "initializer_cutoff_factor", "norm_bias", "attention_bias", "mlp_bias", "decoder_bias",
          "classifier_bias", "classifier_activation", "classifier_pooling", "local_attention",
          "pad_token_id")
-
-
-def is_modern_config(values: Dict[str, Any]) -> bool:
-  return values.get("model_type") == "modernbert"
 
 
 def _global_every(layer_types: List[str], source: str) -> int:
@@ -62,9 +58,9 @@ def _global_every(layer_types: List[str], source: str) -> int:
   return every
 
 
-def bert_config_from_huggingface(values: Dict[str, Any], source: str) -> BertConfig:
-  """A `BertConfig` (architecture 'modernbert') from transformers' ModernBERT `config.json`."""
-  fields = config_lib.modern_defaults()
+def bert_config_from_huggingface(values: Dict[str, Any], source: str) -> ModernBertConfig:
+  """A `ModernBertConfig` from transformers' ModernBERT `config.json`."""
+  fields = dataclasses.asdict(ModernBertConfig())
   fields.update({k: values[k] for k in _SAME if k in values})
   fields["hidden_act"] = values.get("hidden_activation", fields["hidden_act"])
   fields["layer_norm_eps"] = values.get("norm_eps", fields["layer_norm_eps"])
@@ -89,7 +85,7 @@ def bert_config_from_huggingface(values: Dict[str, Any], source: str) -> BertCon
     if theta is not None:
       fields[field] = float(theta)
   try:
-    return BertConfig(**fields)
+    return ModernBertConfig(**fields)
   except (TypeError, ValueError) as e:
     raise ValueError(f"Invalid ModernBERT config in {source}: {e}") from e
 
@@ -139,7 +135,7 @@ def flat_from_huggingface(state: Dict[str, np.ndarray]) -> Flat:
   for key, value in state.items():
     value = np.asarray(value)
     if key == "decoder.weight":
-      continue  # tied to the token embeddings
+      continue  # tied to the token embeddings (`base.check_tied`)
     if key == "decoder.bias":
       flat["cls/predictions/output_bias"] = value
       continue
@@ -158,7 +154,8 @@ def flat_from_huggingface(state: Dict[str, np.ndarray]) -> Flat:
 
 
 def huggingface_state(flat: Flat) -> Dict[str, np.ndarray]:
-  """This project's flat names (per-layer layout) -> transformers' state dict: ModernBertForMaskedLM's
+  """This project's flat names (per-layer layout) -> transformers' state dict:
+  ModernBertForMaskedLM's
   keys with the MLM head, ModernBertModel's without."""
   has_head = any(k.startswith("cls/") for k in flat)
   state = {}

@@ -1,6 +1,7 @@
 """The ModernBERT family in Flax Linen: the encoder and its masked-LM head.
 
-What differs from the 2018 block (`modeling.py`), as transformers' `ModernBertModel` computes it
+What differs from the 2018 block (`bert_jax/model/post_ln.py`), as transformers'
+`ModernBertModel` computes it
 (Warner et al. 2024):
 - pre-norm blocks, x + attn(norm(x)) then x + mlp(norm(x)), LayerNorm without bias (RMSNorm as
   an option); the first layer's attention norm is skipped (the embedding norm precedes it);
@@ -13,13 +14,13 @@ What differs from the 2018 block (`modeling.py`), as transformers' `ModernBertMo
 - no biases unless asked (`attention_bias`, `mlp_bias`, `norm_bias`), ModernBERT's
   initialisation, and its MLM head: dense -> activation -> norm -> the tied decoder plus a bias.
 
-The modules keep the call signature and the top-level parameter names of `modeling`'s BERT
+The modules keep the call signature and the top-level parameter names of BERT's (`post_ln`)
 (`bert/...` for the encoder, `cls/predictions/...` for the head), so that the pre-training job,
 the fine-tuning heads, the sharding rules and the checkpoint code take either family. Names
 below the top mirror transformers' (`attn/Wqkv`, `mlp/Wi`, `final_norm`, ...), so that import
 and export are a rename (`bert_jax.io.modern_checkpoints`).
 
-Attention is computed as `BertConfig.attention` chooses (`modeling.attention_kind`): XLA (a band
+Attention is computed as `BertConfig.attention` chooses (`layers.attention_kind`): XLA (a band
 of the [S, S] logits for short sequences; for long ones, `local_attention.blocked_attention`, which
 never builds an [S, S] matrix on local layers), the splash kernel on TPU (its local mask, composed
 with the segment ids of padding and packing), or cuDNN on GPU.
@@ -36,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import kernels, local_attention, modeling, splash
+from bert_jax.model import kernels, layers, local_attention, splash
+from bert_jax.model.masked_lm import MaskedLM
 from bert_jax.model.config import BertConfig
 
 Array = Any
@@ -236,7 +238,7 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x, deterministic: bool):
     c = self.config
-    act = modeling.activation(c, c.hidden_act)
+    act = layers.activation(c, c.hidden_act)
     width = c.intermediate_size * (2 if c.glu else 1)
     h = _dense(c, width, ("embed", "mlp"), "Wi", c.mlp_bias)(x)               # [B, S, I or 2I]
     if c.glu:
@@ -259,7 +261,7 @@ class Layer(nn.Module):
     h = x if self.first else _norm(c, "attn_norm")(x)
     x = x + Attention(c, self.is_global, name="attn")(h, context, deterministic)
     x = x + Mlp(c, name="mlp")(_norm(c, "mlp_norm")(x), deterministic)
-    return modeling.batch_sharded(x)
+    return layers.batch_sharded(x)
 
 
 class _Group(nn.Module):
@@ -358,7 +360,7 @@ class AttentionContext:
                                                c.float32_attention_logits)
     bias = self.global_bias if window is None else self.local_bias
     if self.kind == "cudnn":
-      return modeling.fused_attention(q, k, v, bias, "cudnn")
+      return layers.fused_attention(q, k, v, bias, "cudnn")
     return _blocks(c).attention(q, k, v, bias, dropout, c.float32_attention_logits)
 
 
@@ -371,7 +373,7 @@ def attention_context(config: BertConfig, attention_mask: Array, position_ids: O
   blocked = config.local_attention > 0 and local_attention.use_blocks(seq_len, config.window, kind)
   global_bias = local_bias = None
   if kind in ("xla", "cudnn"):
-    global_bias = modeling.attention_bias(attention_mask, causal=False)        # [B, 1, S|1, S]
+    global_bias = layers.attention_bias(attention_mask, causal=False)        # [B, 1, S|1, S]
     if config.local_attention and not blocked:
       local_bias = local_attention.banded_bias(global_bias, seq_len, config.window)
   return AttentionContext(
@@ -382,12 +384,14 @@ def attention_context(config: BertConfig, attention_mask: Array, position_ids: O
 
 
 class ModernBertModel(nn.Module):
-  """The encoder, called as `modeling.BertModel` is. Returns a dict:
+  """The encoder, called as BERT's `post_ln.BertModel` is. Returns a dict:
 
     sequence_output  [B, S, H]      after the final norm (transformers' last_hidden_state)
     pooled_output    [B, H]         the classifier's pooling head (add_pooling_layer): cls or
                                     mean of the real tokens (`classifier_pooling`), then dense,
                                     activation and norm, as transformers' sequence classifier
+    token_output     [B, S, H]      that head on every token (`token_head`; add_pooling_layer):
+                                    what transformers' token and span classifiers read
     hidden_states    [L+1, B, S, H] embeddings then every layer, the last after the final
                                     norm (= sequence_output; only if output_hidden_states)
 
@@ -407,28 +411,30 @@ class ModernBertModel(nn.Module):
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                deterministic: bool = True, output_hidden_states: bool = False,
-               cls_positions=None) -> Dict[str, Array]:
+               cls_positions=None, token_head: bool = False) -> Dict[str, Array]:
     del token_type_ids
     c = self.config
-    modeling.check_inputs(c, input_ids)
+    layers.check_inputs(c, input_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
     seq_len = input_ids.shape[-1]
     kind = ("xla" if self.is_initializing()
-            else modeling.attention_kind(c, deterministic, seq_len))
+            else layers.attention_kind(c, deterministic, seq_len))
     context = attention_context(c, attention_mask, position_ids, kind, seq_len)
-    x = modeling.batch_sharded(self.embeddings(input_ids, deterministic))       # [B, S, H]
-    last, layers = self.encoder(x, context, deterministic, output_hidden_states)
+    x = layers.batch_sharded(self.embeddings(input_ids, deterministic))       # [B, S, H]
+    last, per_layer = self.encoder(x, context, deterministic, output_hidden_states)
     outputs = {"sequence_output": self.final_norm(last)}                        # [B, S, H]
     if self.add_pooling_layer:
       outputs["pooled_output"] = self.pooler(
           pool(outputs["sequence_output"], attention_mask, c.classifier_pooling, cls_positions))
+      if token_head:   # transformers' token and span classes: the same head on every token
+        outputs["token_output"] = self.pooler(outputs["sequence_output"])      # [B, S, H]
     if output_hidden_states:
       # The last layer's entry is after the final norm (the encoder's output), as BERT's last
       # entry is its sequence_output: layer -1 of every feature reader is transformers'
       # last_hidden_state.
-      layers = layers.at[-1].set(outputs["sequence_output"])
-      outputs["hidden_states"] = jnp.concatenate([x[None], layers], axis=0)
+      per_layer = per_layer.at[-1].set(outputs["sequence_output"])
+      outputs["hidden_states"] = jnp.concatenate([x[None], per_layer], axis=0)
     return outputs
 
   def attend(self, hidden):
@@ -439,7 +445,7 @@ def pool(sequence: Array, attention_mask: Array, how: str, cls_positions=None) -
   """[B, S, H] -> [B, H]: the first token (cls) or the mean over real tokens (mean, padding mask
   [B, S]); [B, K, H] at packed rows' `cls_positions` [B, K]."""
   if cls_positions is not None:
-    return modeling.gather_positions(sequence, cls_positions)                  # [B, K, H]
+    return layers.gather_positions(sequence, cls_positions)                  # [B, K, H]
   if how == "cls" or attention_mask.ndim != 2:
     return sequence[:, 0]                                                      # [B, H]
   mask = attention_mask.astype(jnp.float32)[..., None]                         # [B, S, 1]
@@ -470,7 +476,7 @@ class Embeddings(nn.Module):
     return self.dropout(self.norm(x), deterministic=deterministic)             # [B, S, H]
 
   def attend(self, hidden):
-    """Logits against the tied token embeddings: [..., H] -> [..., V] (as `modeling`'s)."""
+    """Logits against the tied token embeddings: [..., H] -> [..., V] (as BERT's)."""
     dtype = jnp.dtype(self.config.dtype)
     table = self.word_embeddings.embedding.astype(dtype)                       # [V, H]
     return _blocks(self.config).dense_matmul(hidden.astype(dtype), table.T)    # [..., V]
@@ -486,7 +492,7 @@ class PredictionTransform(nn.Module):
     c = self.config
     h = _dense(c, c.hidden_size, ("embed", "embed_out"), "dense", c.classifier_bias,
                residual_std(c))(hidden)
-    return _norm(c, "norm")(modeling.activation(c, c.classifier_activation)(h))
+    return _norm(c, "norm")(layers.activation(c, c.classifier_activation)(h))
 
 
 class MaskedLMHead(nn.Module):
@@ -506,36 +512,7 @@ class MaskedLMHead(nn.Module):
     return _blocks(c).add_bias(logits, bias)                                   # [..., V]
 
 
-class ModernBertForMaskedLM(nn.Module):
-  """Encoder + masked-LM head, called as `modeling.BertForPreTraining` is (no NSP: `use_nsp`
-  must be False). Returns sequence_output and mlm_logits [B, P or S, V] (float32)."""
-  config: BertConfig
-  use_nsp: bool = False
-
-  def setup(self):
-    if self.use_nsp:
-      raise ValueError("architecture='modernbert' has no next-sentence head: use "
-                       "--config.objective=mlm")
-    self.bert = ModernBertModel(self.config, add_pooling_layer=False)
-    self.cls = _PreTrainingHeads(self.config)
-
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-               masked_lm_positions=None, position_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False, cls_positions=None) -> Dict[str, Array]:
-    del cls_positions   # no NSP: nothing is read per packed pair
-    outputs = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                        deterministic=deterministic, output_hidden_states=output_hidden_states)
-    hidden = outputs["sequence_output"]
-    if masked_lm_positions is not None:
-      hidden = modeling.gather_positions(hidden, masked_lm_positions)          # [B, P, H]
-    outputs["mlm_logits"] = self.cls(hidden, self.bert.attend)
-    return outputs
-
-
-class _PreTrainingHeads(nn.Module):
-  """The `cls` scope, so the head lives at `cls/predictions/...` as BERT's does."""
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, hidden, embedding_attend):
-    return MaskedLMHead(self.config, name="predictions")(hidden, embedding_attend)
+def masked_lm(config: BertConfig, use_nsp: bool = False) -> MaskedLM:
+  """Encoder + masked-LM head (`bert_jax.model.masked_lm`), transformers' ModernBertForMaskedLM;
+  called as BERT's `BertForPreTraining` is, with no NSP."""
+  return MaskedLM(config, encoder=ModernBertModel, head=MaskedLMHead, use_nsp=use_nsp)
