@@ -37,8 +37,6 @@ class Family:
   pretraining_heads: Tuple[str, ...] = ("cls/predictions",)
   # Special tokens transformers' config records for this family (config field: tokenizer id).
   special_token_ids: Tuple[Tuple[str, str], ...] = (("pad_token_id", "pad_id"),)
-  # The prefix of the encoder's keys inside transformers' task models (`bert.`, `model.`, ...).
-  huggingface_prefix: str = ""
   # transformers' class of each head (`HEADS`); a head missing here has none in transformers.
   huggingface_classes: Dict[str, str] = {}
 
@@ -75,15 +73,11 @@ class Family:
     if tokenizer.vocab_size > config.vocab_size:
       raise ValueError(f"{source} has {tokenizer.vocab_size} tokens but config.model.vocab_size="
                        f"{config.vocab_size}")
-    if "pad_token_id" in self.config_fields(config) and config.pad_token_id != tokenizer.pad_id:
+    # A family whose config records the padding id (ModernBERT, RoBERTa) must have the vocabulary's.
+    if hasattr(config, "pad_token_id") and config.pad_token_id != tokenizer.pad_id:
       raise ValueError(f"config.model.pad_token_id={config.pad_token_id} but the padding token "
                        f"of {source} has id {tokenizer.pad_id}: set "
                        f"--config.model.pad_token_id={tokenizer.pad_id}")
-
-  @staticmethod
-  def config_fields(config: BertConfig) -> Tuple[str, ...]:
-    import dataclasses
-    return tuple(f.name for f in dataclasses.fields(config))
 
   def same_positions_needed(self, config: BertConfig) -> bool:
     """Whether a checkpoint must have exactly this config's position table to be loaded."""

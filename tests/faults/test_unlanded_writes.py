@@ -77,11 +77,12 @@ def iterator_state():
 def tf1_checkpoint():
   import jax
   from bert_jax.io import checkpoints
-  from bert_jax.model import modeling
+  from bert_jax.families.bert.model import BertForPreTraining
+  from bert_jax.model import layers
   from bert_jax.model.config import BertConfig
   config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=16, max_position_embeddings=16)
-  params = layers.init_params(bert_model.BertForPreTraining(config), jax.random.PRNGKey(0))
+  params = layers.init_params(BertForPreTraining(config), jax.random.PRNGKey(0))
   checkpoints.export_tf_checkpoint(config, params, root + "/tf1/bert_model.ckpt")
 
 

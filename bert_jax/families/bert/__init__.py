@@ -18,7 +18,6 @@ class BertFamily(base.Family):
   token_types = True
   optional_parameters = (r"bert/pooler/",)   # transformers' BertModel(add_pooling_layer=False)
   pretraining_heads = ("cls/predictions", "cls/seq_relationship")
-  huggingface_prefix = "bert."
   huggingface_classes = {
       "encoder": "BertModel", "masked_lm": "BertForMaskedLM", "pretraining": "BertForPreTraining",
       "sequence_classification": "BertForSequenceClassification",

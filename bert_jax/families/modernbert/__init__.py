@@ -22,7 +22,6 @@ class ModernBertFamily(base.Family):
   special_token_ids = (("pad_token_id", "pad_id"), ("cls_token_id", "cls_id"),
                        ("sep_token_id", "sep_id"), ("bos_token_id", "cls_id"),
                        ("eos_token_id", "sep_id"))
-  huggingface_prefix = "model."
   huggingface_classes = {
       "encoder": "ModernBertModel", "masked_lm": "ModernBertForMaskedLM",
       "sequence_classification": "ModernBertForSequenceClassification",

@@ -62,7 +62,8 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 # Our input names -> transformers' (the outputs' are each output kind's `hf_outputs`).
 HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
                   "segment_ids": "token_type_ids"}
-# Our head parameter -> transformers' module name.
+
+
 @dataclasses.dataclass
 class Servable:
   """A model ready to export: its kind, parameters, tokenizer and how inputs are made."""
