@@ -4,7 +4,7 @@ prediction, serving, `fine_tuned`, the compile report and the benchmarks read.
 A fine-tuning task is found by its file: `config.task=NAME` is the `TASK` class (a
 `framework.task.Task`) of `bert_jax/tasks/datasets/NAME.py`. Adding a task is that file plus its
 experiment file (`experiments/NAME.py`); nothing else lists it. The jobs that are not one
-fine-tuning task are in `JOBS` (what runs) and `JOB_BUILDERS` (the job, `runtime.job.Job`).
+fine-tuning task are the lines of `JOBS`: what runs, and the job it trains (`runtime.job.Job`).
 
     results = registry.runner(config.task)(config, workdir)   # what `bert_jax.main` runs
     job = registry.job(config)            # its job, nothing prepared: what --compile_for compiles
@@ -13,6 +13,7 @@ fine-tuning task are in `JOBS` (what runs) and `JOB_BUILDERS` (the job, `runtime
 Modules are imported only when chosen, so a pre-training run never imports the fine-tuning tasks
 (and the other way round).
 """
+import dataclasses
 import importlib
 import pkgutil
 from typing import Callable, Dict, Optional, Tuple
@@ -20,28 +21,6 @@ from typing import Callable, Dict, Optional, Tuple
 import ml_collections
 
 DATASETS = "bert_jax.tasks.datasets"
-
-# config.task -> (module, function(config, workdir)) of the jobs that are not one fine-tuning task
-JOBS = {
-    "pretraining": ("bert_jax.tasks.jobs.pretraining", "train_and_evaluate"),
-    "glue_all": ("bert_jax.tasks.datasets.glue", "run_all"),
-    "ner_feature_based": ("bert_jax.tasks.jobs.feature_based", "run"),
-    "ablations": ("bert_jax.tasks.jobs.ablations", "run"),
-}
-
-
-def finetuning_tasks() -> Tuple[str, ...]:
-  """The `config.task` values of the fine-tuning tasks: the modules of `datasets/` with a TASK."""
-  package = importlib.import_module(DATASETS)
-  return tuple(sorted(
-      info.name for info in pkgutil.iter_modules(package.__path__)
-      if hasattr(importlib.import_module(f"{DATASETS}.{info.name}"), "TASK")))
-
-
-def names() -> Tuple[str, ...]:
-  """Every `config.task` value."""
-  return tuple(sorted(set(JOBS) | set(finetuning_tasks())))
-
 
 def task_class(name: str):
   """The Task class of the fine-tuning task `name` (`config.task`)."""
@@ -87,26 +66,50 @@ def _several_jobs(why: str):
   return refuse
 
 
-# config.task -> function(config, workdir, layers) -> Job, for every value of `JOBS` (a fine-tuning
-# task's job: `framework.finetuning.job`); the ones that run several jobs one after another say so.
-JOB_BUILDERS = {
-    "pretraining": _pretraining_job,
-    "ner_feature_based": _feature_based_job,
-    "glue_all": _several_jobs(
+@dataclasses.dataclass(frozen=True)
+class JobEntry:
+  """A `config.task` that is not one fine-tuning task: what `bert_jax.main` runs, (module,
+  function(config, workdir)), and its job, function(config, workdir, layers) -> Job (the ones
+  that run several jobs one after another say so instead)."""
+  runs: Tuple[str, str]
+  job: Callable
+
+
+# config.task -> its entry, for the jobs that are not one fine-tuning task (a fine-tuning task's
+# runner and job: `framework.finetuning.run_task` and `framework.finetuning.job`).
+JOBS = {
+    "pretraining": JobEntry(("bert_jax.tasks.jobs.pretraining", "train_and_evaluate"),
+                            _pretraining_job),
+    "ner_feature_based": JobEntry(("bert_jax.tasks.jobs.feature_based", "run"),
+                                  _feature_based_job),
+    "glue_all": JobEntry(("bert_jax.tasks.datasets.glue", "run_all"), _several_jobs(
         "fine-tunes each task of config.glue_tasks in turn, each its own job; for one of them "
-        "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)"),
-    "ablations": _several_jobs(
+        "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)")),
+    "ablations": JobEntry(("bert_jax.tasks.jobs.ablations", "run"), _several_jobs(
         "pre-trains, fine-tunes and probes each variant of config.variants in turn; for one "
         "step use its pre-training experiment (config.pretraining) or one GLUE task "
-        "(experiments/glue.py)"),
+        "(experiments/glue.py)")),
 }
+
+
+def finetuning_tasks() -> Tuple[str, ...]:
+  """The `config.task` values of the fine-tuning tasks: the modules of `datasets/` with a TASK."""
+  package = importlib.import_module(DATASETS)
+  return tuple(sorted(
+      info.name for info in pkgutil.iter_modules(package.__path__)
+      if hasattr(importlib.import_module(f"{DATASETS}.{info.name}"), "TASK")))
+
+
+def names() -> Tuple[str, ...]:
+  """Every `config.task` value."""
+  return tuple(sorted(set(JOBS) | set(finetuning_tasks())))
 
 
 def job_builder(name: str) -> Callable:
   """function(config, workdir, layers) -> Job of `config.task=name`; a ValueError naming why
   when the value has no single job (or is no value)."""
-  if name in JOB_BUILDERS:
-    return JOB_BUILDERS[name]
+  if name in JOBS:
+    return JOBS[name].job
   try:
     task = task_class(name)
   except ValueError:
@@ -140,7 +143,7 @@ def job(config: ml_collections.ConfigDict, workdir: Optional[str] = None, *,
 def runner(name: str) -> Callable[[ml_collections.ConfigDict, str], Dict]:
   """What `python -m bert_jax.main` runs for `config.task=name`."""
   if name in JOBS:
-    module, function = JOBS[name]
+    module, function = JOBS[name].runs
     return getattr(importlib.import_module(module), function)
   try:
     task = task_class(name)
