@@ -79,10 +79,6 @@ class Family:
                        f"of {source} has id {tokenizer.pad_id}: set "
                        f"--config.model.pad_token_id={tokenizer.pad_id}")
 
-  def same_positions_needed(self, config: BertConfig) -> bool:
-    """Whether a checkpoint must have exactly this config's position table to be loaded."""
-    return self.max_positions(config) is not None
-
   def with_pooler(self, pretrained: Dict) -> Dict:
     """A checkpoint's parameters as a fine-tuned encoder starts from: the pooler as the
     checkpoint has it (a fresh one where it has none)."""

@@ -92,11 +92,12 @@ def expected_shapes(config: BertConfig, with_heads: bool = True) -> Dict[str, Tu
   shapes = jax.eval_shape(lambda: layers.init_params(model, jax.random.PRNGKey(0)))
   flat = {"/".join(k): tuple(v.shape)
           for k, v in traverse_util.flatten_dict(shapes).items()}
-  # A masked LM may have no pooler; a fine-tuned encoder has its classifier's pooling there.
-  encoder = family.encoder(config, add_pooling_layer=True)
-  pooler = jax.eval_shape(lambda: layers.init_params(encoder, jax.random.PRNGKey(0)))
-  flat.update({"bert/" + "/".join(k): tuple(v.shape)
-               for k, v in traverse_util.flatten_dict(pooler).items() if k[0] == "pooler"})
+  if not any(k.startswith("bert/pooler/") for k in flat):
+    # A masked LM without a pooler; a fine-tuned encoder has its classifier's pooling there.
+    encoder = family.encoder(config, add_pooling_layer=True)
+    pooler = jax.eval_shape(lambda: layers.init_params(encoder, jax.random.PRNGKey(0)))
+    flat.update({"bert/" + "/".join(k): tuple(v.shape)
+                 for k, v in traverse_util.flatten_dict(pooler).items() if k[0] == "pooler"})
   if not with_heads:
     flat = {k: v for k, v in flat.items() if not k.startswith("cls/")}
   return flat

@@ -18,6 +18,16 @@ def training_flops(layers: int, hidden: int, intermediate: int, vocab: int, *, t
           + 6 * pairs * (hidden * hidden + 2 * hidden))
 
 
+def post_ln_training_flops(config, *, rows: int, seq_len: int, predictions: float,
+                           pairs: float) -> float:
+  """`training_flops` of a step of the post-LN encoder (`bert_jax.model.post_ln`: BERT's and
+  RoBERTa's) over `rows` full rows of `seq_len` tokens."""
+  return training_flops(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                        config.vocab_size, tokens=rows * seq_len,
+                        attention_pairs=rows * seq_len * seq_len, predictions=predictions,
+                        pairs=pairs)
+
+
 def attended_keys(bert_config, layer: int, seq_len: int) -> int:
   """Keys a query attends to in `layer`: all S, or a local layer's band (2w + 1, at most S;
   the band's few cut ends at the row's edges are counted whole)."""

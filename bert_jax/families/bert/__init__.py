@@ -35,10 +35,8 @@ class BertFamily(base.Family):
     return BertForPreTraining(config, use_nsp=use_nsp)
 
   def training_flops(self, config, *, rows, seq_len, predictions, pairs):
-    return flops.training_flops(
-        config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-        config.vocab_size, tokens=rows * seq_len, attention_pairs=rows * seq_len * seq_len,
-        predictions=predictions, pairs=pairs)
+    return flops.post_ln_training_flops(config, rows=rows, seq_len=seq_len,
+                                        predictions=predictions, pairs=pairs)
 
   def config_from_huggingface(self, values: Dict[str, Any], source: str) -> BertConfig:
     return BertConfig.from_dict(values, source=source)

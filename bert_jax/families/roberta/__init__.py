@@ -43,10 +43,8 @@ class RobertaFamily(base.Family):
 
   def training_flops(self, config, *, rows, seq_len, predictions, pairs):
     # BERT's encoder and LM head; a fine-tuned classifier's pooler per sequence, no NSP.
-    return flops.training_flops(
-        config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-        config.vocab_size, tokens=rows * seq_len, attention_pairs=rows * seq_len * seq_len,
-        predictions=predictions, pairs=pairs)
+    return flops.post_ln_training_flops(config, rows=rows, seq_len=seq_len,
+                                        predictions=predictions, pairs=pairs)
 
   def config_from_huggingface(self, values, source):
     return convert.config_from_huggingface(values, source)

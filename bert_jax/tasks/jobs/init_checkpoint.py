@@ -53,7 +53,7 @@ def load_init_checkpoint(source: str, params, ours: BertConfig, tiling: str = ""
                        f"{getattr(ours, field)} (config.model_from_checkpoint=True takes the "
                        "checkpoint's architecture; config.init_tiling grows a smaller one)")
   # Without a position table (rotary) a later phase may run longer than the one before it.
-  if (families.of(ours).same_positions_needed(ours)
+  if (families.of(ours).max_positions(ours) is not None
       and loaded_config.max_position_embeddings != ours.max_position_embeddings):
     raise ValueError(f"init_checkpoint {source}: max_position_embeddings differs")
   missing = checkpoints.missing_heads(loaded, loaded_config)
