@@ -1,11 +1,12 @@
-r"""How far one run's config travels, how big each package is, and which modules import each other
-in a circle (issue 42, "take the pre-training hub apart").
+r"""How far one run's config travels, which files a step's trace opens, how big each package is,
+and which modules import each other in a circle.
 
-  python -m benchmarks.config_walk [--demo_documents=200] [--skip_walk] [--json=FILE]
+  python -m benchmarks.config_walk [--experiment=experiments/pretrain_demo.py:quick]
+      [--demo_documents=200] [--skip_walk] [--json=FILE]
 
-The walk: `bert_jax.main --config=experiments/pretrain_demo.py:quick --config.num_train_steps=1`
-(the demo corpus cut to --demo_documents documents) in this process, in a fresh workdir, with a
-profile hook on every Python thread. From the flags' parse (where `get_config` builds the config)
+The walk: `bert_jax.main --config=EXPERIMENT --config.num_train_steps=1` (the demo corpus cut to
+--demo_documents documents) in this process, in a fresh workdir, with a profile hook on every
+Python thread. From the flags' parse (where `get_config` builds the config)
 until the first training step has run (the loop's first `after_step`), every call of a project
 function (bert_jax, data_pipelines, experiments) whose arguments hold the run's config is
 recorded: the ConfigDict the experiment built or any copy derived from it
@@ -14,19 +15,20 @@ and `data`. Printed: the distinct modules it passes through, each with its funct
 times the walk entered bert_jax/tasks/jobs/pretraining.py from another module; and the same for
 any ConfigDict (sub-configs included).
 
-Lines: every .py file's lines (`wc -l`), per package (bert_jax's subpackages, tasks' four
-folders, data_pipelines). Circles: strongly connected components of the static import graph of
-bert_jax and data_pipelines (every import statement, function-level ones included; those under a
-module's `if __name__ == "__main__":` are its script's, not the module's, and are listed apart).
-
-For a before/after comparison run it from the root of each tree (e.g. a `git archive HEAD`
-copy with this file copied into its benchmarks/): the packages are imported from the working
-directory.
+The step's trace (`StepTrace`): the project files a reader opens to follow the run from
+`bert_jax.main` to the loss and the optimizer update of its step: the files of the project
+functions on the call stack at four points of the same run: where the job is made (`make_job`),
+where the step's forward enters the model (its first `__call__`), where the step computes the loss
+and where it applies the update (`tx.update`). What those pieces are made of is listed apart, not
+counted: the files that build the model and the optimizer (`pretraining_model` or `make_model`,
+`create_optimizer`, with every project function they call) and those the update calls inside
+optax (an optimizer of our own). Module bodies run by an import are not calls of the run.
 """
 import argparse
 import ast
 import collections
 import json
+import linecache
 import os
 import sys
 import tempfile
@@ -197,18 +199,95 @@ class Walk:
             "by_module": modules}
 
 
-def walk(demo_documents: int) -> Dict[str, object]:
+STEP_FILE = os.path.join("bert_jax", "runtime", "step.py")
+# Functions whose whole call tree is part of the trace: what builds the step's pieces.
+BUILDERS = ("pretraining_model", "make_model", "create_optimizer")
+
+
+class StepTrace:
+  """The profile hook of the step's trace (the module docstring): by point, the project files on
+  the call stack the first time the point is reached (`points`), and the files the builders and
+  the update call (`calls`)."""
+
+  def __init__(self, prefixes: Tuple[str, ...]):
+    self.prefixes = prefixes
+    self.points: Dict[str, List[str]] = {}
+    self.calls: Dict[str, List[str]] = {}
+    self.open: List[Tuple[str, object]] = []   # (what, frame) whose callees are listed
+
+  def files(self, frame) -> List[str]:
+    """The project files on the stack that ends at `frame`, outermost first."""
+    found = []
+    while frame is not None:
+      name = frame.f_code.co_filename
+      if name.startswith(self.prefixes):
+        found.append(os.path.relpath(name, ROOT))
+      frame = frame.f_back
+    return list(dict.fromkeys(reversed(found)))
+
+  def record(self, point: str, frame) -> None:
+    if point not in self.points:
+      self.points[point] = self.files(frame)
+
+  def listen(self, what: str, frame) -> None:
+    if what not in self.calls:
+      self.calls[what] = []
+      self.open.append((what, frame))
+
+  def __call__(self, frame, event, arg):
+    if event == "return" and self.open and self.open[-1][1] is frame:
+      self.open.pop()
+      return
+    code = frame.f_code
+    if event != "call" or code.co_name == "<module>":
+      return
+    caller = frame.f_back
+    in_step = caller is not None and caller.f_code.co_filename.endswith(STEP_FILE)
+    if (in_step and caller.f_code.co_name == "train_step" and
+        "tx.update(" in linecache.getline(caller.f_code.co_filename, caller.f_lineno)):
+      self.record("update", caller)
+      self.listen("update", frame)   # optax's: it may call an optimizer of ours
+    if not code.co_filename.startswith(self.prefixes):
+      return
+    name = os.path.relpath(code.co_filename, ROOT)
+    for what, _ in self.open:
+      if name not in self.calls[what]:
+        self.calls[what].append(name)
+    if code.co_name == "make_job":
+      self.record("job", frame)
+    elif code.co_name in BUILDERS:
+      self.listen(code.co_name, frame)
+      self.calls[code.co_name].append(name)
+    if in_step and caller.f_code.co_name == "train_step" and code.co_name == "loss":
+      self.record("loss", frame)
+    if code.co_name == "__call__" and "forward" not in self.points and any(
+        f.endswith(STEP_FILE) for f in self.files(frame)):
+      self.record("forward", frame)
+
+  def summary(self) -> Dict[str, object]:
+    files = list(dict.fromkeys(f for stack in self.points.values() for f in stack))
+    return {"files": files, "points": self.points, "calls": self.calls}
+
+
+def walk(demo_documents: int,
+         experiment: str = "experiments/pretrain_demo.py:quick") -> Dict[str, object]:
   sys.path.insert(0, ROOT)
   workdir = tempfile.mkdtemp(prefix="config_walk_")
-  argv = ["bert_jax.main", "--config=experiments/pretrain_demo.py:quick",
+  argv = ["bert_jax.main", f"--config={experiment}",
           f"--workdir={workdir}", "--config.num_train_steps=1",
           f"--config.data.demo_max_documents={demo_documents}"]
   sys.argv = argv   # config_flags reads the overrides from sys.argv when the flag is defined
   from absl import flags
   from bert_jax import main as entry   # its import-time set-up, as `python -m bert_jax.main`
   hook = Walk()
-  threading.setprofile(hook)
-  sys.setprofile(hook)
+  trace = StepTrace(hook.prefixes)
+
+  def both(frame, event, arg):
+    hook(frame, event, arg)
+    trace(frame, event, arg)
+
+  threading.setprofile(both)
+  sys.setprofile(both)
   try:
     flags.FLAGS(argv)
     entry.main(argv[:1])
@@ -217,14 +296,21 @@ def walk(demo_documents: int) -> Dict[str, object]:
     threading.setprofile(None)
   if not hook.done:
     raise RuntimeError("the run ended before its first training step")
-  return {"workdir": workdir, "run_configs": len(hook.configs),
-          "run_config": hook.summary(run_only=True), "any_config_dict": hook.summary(False)}
+  missing = {"job", "forward", "loss", "update"} - set(trace.points)
+  if missing:
+    raise RuntimeError(f"the step's trace never reached {sorted(missing)}")
+  return {"workdir": workdir, "run_configs": len(hook.configs), "experiment": experiment,
+          "run_config": hook.summary(run_only=True), "any_config_dict": hook.summary(False),
+          "step_trace": trace.summary()}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--demo_documents", type=int, default=200,
                       help="documents of the demo corpus the walk builds its records from")
+  parser.add_argument("--experiment", default="experiments/pretrain_demo.py:quick",
+                      help="the run to walk (--config of bert_jax.main); its data needs no "
+                           "download")
   parser.add_argument("--skip_walk", action="store_true", help="lines and circles only")
   parser.add_argument("--json", default="", help="also write the results here")
   args = parser.parse_args()
@@ -238,7 +324,7 @@ def main():
   print(f"import circles: {result['circles'] or 'none'}")
   print(f"  counting `if __name__ == '__main__'` blocks: {result['circles_with_scripts'] or 'none'}")
   if not args.skip_walk:
-    result["walk"] = walk(args.demo_documents)
+    result["walk"] = walk(args.demo_documents, args.experiment)
     for kind in ("run_config", "any_config_dict"):
       s = result["walk"][kind]
       print(f"\n{kind}: {s['modules']} modules, {s['calls']} calls, "
@@ -246,6 +332,12 @@ def main():
             f"module ({result['walk']['run_configs']} run-config objects)")
       for module, functions in s["by_module"].items():
         print(f"  {module:44s} {', '.join(functions)}")
+    trace = result["walk"]["step_trace"]
+    print(f"\nthe step's trace opens {len(trace['files'])} files: " + ", ".join(trace["files"]))
+    for point, files in trace["points"].items():
+      print(f"  {point:18s} {' > '.join(files)}")
+    for what, files in trace["calls"].items():
+      print(f"  {what} calls: {', '.join(files) or 'no project file'}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

@@ -7,7 +7,7 @@ ModernBERT-large did not start from random weights: its initialisation was Moder
 grown by "center tiling" (`config.init_tiling=tile_from_middle`, bert_jax/model/growth.py). Does
 that pay for the smaller model's training? Here the question at the scale of the demo's twin
 (experiments/pretrain_demo.py:recipe=modern: its corpus, learned vocabulary, held-out documents,
-recipe and 2,000 steps), each run `pretraining.train_and_evaluate` on a config, exactly what
+recipe and 2,000 steps), each run `registry.run_job` on a config, exactly what
 `python -m bert_jax.main` runs (each workdir a normal one; a rerun of this command reuses
 finished runs):
 
@@ -50,6 +50,7 @@ from benchmarks import bench_util  # noqa: E402
 from bert_jax.model import flops  # noqa: E402
 from bert_jax.runtime import batch_ramp, metric_writers  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from bert_jax.tasks import registry
 from experiments import pretrain_demo  # noqa: E402
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=1, intermediate_size=96)
@@ -107,7 +108,7 @@ def train(kind: str, seed: int, args) -> Dict[str, object]:
     os.makedirs(workdir, exist_ok=True)          # one build of the corpus, vocabulary and records
     shutil.copytree(shared, os.path.join(workdir, "data"))
   config = run_config(kind, seed, args)
-  pretraining.train_and_evaluate(config, workdir)
+  registry.run_job(config, workdir)
   if not os.path.exists(shared):
     shutil.copytree(os.path.join(workdir, "data"), shared)
   points = curve(workdir, config)

@@ -19,7 +19,7 @@ vocabulary, held-out documents, model and optimizer), the lengths divided by 8:
   decay     as extend, the rate decayed from there to 0 along 1-sqrt over --decay_steps,
             initialised from extend
 
-Each run is `pretraining.train_and_evaluate` on a config, exactly what `python -m bert_jax.main`
+Each run is `registry.run_job` on a config, exactly what `python -m bert_jax.main`
 runs, and each phase's workdir is a normal workdir (resumable; a rerun of this command reuses
 finished phases). Every phase's final model is then scored on the held-out documents cut at each
 of `--lengths`, masked at 15% with the evaluation's fixed masks (the same instances and masks for
@@ -90,11 +90,11 @@ def phase_config(phase: str, args, init_checkpoint: str = ""):
 
 
 def train_phase(phase: str, args, previous: str) -> Dict[str, object]:
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   workdir = os.path.join(args.out, phase)
   config = phase_config(phase, args, init_checkpoint=previous)
   start = time.perf_counter()
-  last = pretraining.train_and_evaluate(config, workdir)
+  last = registry.run_job(config, workdir)
   train = metric_writers.read_metrics(workdir, "train")
   return dict(workdir=workdir, steps=config.num_train_steps, length=config.max_seq_length,
               rows=config.global_batch_size, learning_rate=config.learning_rate,
@@ -106,7 +106,7 @@ def train_phase(phase: str, args, previous: str) -> Dict[str, object]:
 
 def score(phase: str, args, length: int) -> Dict[str, float]:
   """Held-out MLM at 15% of `phase`'s final model on rows of `length` tokens."""
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   workdir = os.path.join(args.out, "scores", f"{phase}_{length}")
   shared = os.path.join(args.out, "scores", f"data_{length}")
   if os.path.exists(os.path.join(shared, "DONE")) and not os.path.exists(
@@ -122,7 +122,7 @@ def score(phase: str, args, length: int) -> Dict[str, float]:
   config.batch_warmup.start_batch_size = 0
   config.data.dupe_factor = 1                   # the training records of this workdir go unused
   if not metric_writers.read_metrics(workdir, "eval"):
-    pretraining.train_and_evaluate(config, workdir)
+    registry.run_job(config, workdir)
   if not os.path.exists(os.path.join(shared, "DONE")):
     shutil.copytree(os.path.join(workdir, "data"), shared)
   evals = metric_writers.read_metrics(workdir, "eval")

@@ -49,7 +49,9 @@ from benchmarks import bench_util  # noqa: E402
 from bert_jax.model import flops, kernels, local_attention  # noqa: E402
 from bert_jax.families.modernbert import model as modern  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
-from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
 
 VOCAB, MASK_RATE = 50368, 0.30
 
@@ -64,11 +66,10 @@ def model_config(args) -> BertConfig:
 def jax_step(args, predictions):
   c = bench_util.modern_pretraining_config(model_config(args), dtype=args.precision, seq=args.seq,
                                            batch=args.batch, predictions=predictions)
-  job = pretraining.make_job(c)   # the very step a pre-training run trains
-  state = jax.jit(job.init_state)()
-  step = jax.jit(job.train_step, donate_argnums=(0,))
-  data = jax.device_put(bench_util.modern_mlm_batch(args.batch, args.seq, predictions,
-                                                     VOCAB))
+  job = registry.job(c)   # the very job a pre-training run trains
+  par = parallel.create(c)
+  state, step = jobs.state_and_step(job, par)   # placed and compiled as the run does
+  data = par.put_batch(bench_util.modern_mlm_batch(args.batch, args.seq, predictions, VOCAB))
   rng = jax.random.PRNGKey(1)
   holder = [state]
 

@@ -16,7 +16,7 @@ rounding, and any difference in the recipe shows up within a few steps.
   data       the first N training batches of bert_jax's own tf.data pipeline (dynamic masking)
              on the demo corpus (Python's documentation, experiments/pretrain_demo.py; built
              once into OUT/data), materialised as numpy and fed to both sides in the same order
-  weights    bert_jax's initialisation (`create_train_state`, the init key `train_and_evaluate`
+  weights    bert_jax's initialisation (`create_train_state`, the init key a run
              uses), copied across with `checkpoints.export_huggingface` and loaded with
              `BertForPreTraining.from_pretrained` (eager attention; the decoder is tied to the
              word embeddings on both sides)
@@ -74,14 +74,15 @@ rounding, and any difference in the recipe shows up within a few steps.
              row ends 3e-2 apart (half of what training moved it), decoder.bias 3e-3, the loss
              2e-5 relative; tests/test_modern_side_by_side.py shows that fails the comparison.
 
-bert_jax runs its real jitted pre-training step and optimizer (`pretraining.make_job`: the
-step, optimizer and initial state a run trains with). Per-step losses (total, MLM, NSP where
+bert_jax runs its real pre-training step and optimizer (`registry.job(config)`, placed and
+compiled by `runtime.job.state_and_step`: the step, optimizer and initial state a run trains
+with). Per-step losses (total, MLM, NSP where
 there is one, and the gradient norm) are compared, and at the end every parameter (bert_jax's
 exported again with `export_huggingface`, by Hugging Face name).
 
 `--dropout_seeds=K` (0 skips it): dropout 0.1 on both sides, K dropout seeds per side on the same
 initial weights and batches; only the dropout streams differ (bert_jax: the dropout key
-`train_and_evaluate` derives from config.seed=s, PyTorch: `torch.manual_seed(s)`). The two
+a run derives from config.seed=s, PyTorch: `torch.manual_seed(s)`). The two
 sides' loss curves should then differ by no more than seeds differ from each other.
 Results go to OUT/pretrain_side_by_side.md (tables to paste into benchmarks/RESULTS.md), .json,
 and plots of the loss curves (PNG with matplotlib, else a plain SVG); the last line printed is a
@@ -240,15 +241,14 @@ def take_batches(config, count: int) -> List[Batch]:
 
 
 def initial_params(config):
-  """bert_jax's initial parameters: the pre-training job's `init_state` (train_and_evaluate's
-  init key)."""
+  """bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key)."""
   import jax
-  from bert_jax.tasks.jobs import pretraining
-  return jax.device_get(pretraining.make_job(config).init_state().params)
+  from bert_jax.tasks import registry
+  return jax.device_get(registry.job(config).init_state().params)
 
 
 def jax_dropout_rng(seed: int):
-  """The dropout key `train_and_evaluate` uses with config.seed=seed."""
+  """The dropout key a pre-training run uses with config.seed=seed."""
   import jax
   return jax.random.split(jax.random.PRNGKey(seed))[1]
 
@@ -301,22 +301,25 @@ def _progress(side: str, step: int, loss: float, start: float, every: int = 50) 
 
 
 def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> Run:
-  """bert_jax's real jitted train step and optimizer (the pre-training job's) over `batches`,
-  from `params`."""
+  """bert_jax's real train step and optimizer (the pre-training job's, placed and compiled as a
+  run does: `runtime.job.state_and_step`) over `batches`, from `params`."""
   import jax
-  from bert_jax.runtime.state import TrainState
-  from bert_jax.tasks.jobs import pretraining
-  job = pretraining.make_job(config)
+  from bert_jax import parallel
+  from bert_jax.runtime import job as jobs
+  from bert_jax.tasks import registry
   if config.grad_accum_steps != 1:
     raise ValueError("the PyTorch side takes one update per batch: grad_accum_steps=1")
-  step = jax.jit(job.train_step)
-  state = TrainState.create(jax.tree_util.tree_map(jax.numpy.asarray, params), job.tx)
+  par = parallel.create(config)
+  state, step = jobs.state_and_step(registry.job(config), par)
+  # The given weights where the fresh ones are (the optimizer's fresh state holds no weights).
+  state = state.replace(params=jax.tree_util.tree_map(
+      lambda value, fresh: jax.device_put(value, fresh.sharding), params, state.params))
   rng = jax_dropout_rng(dropout_seed)
   curves = curves_of(config)
   history = {name: [] for name in curves + ("learning_rate", "skipped")}
   start = time.perf_counter()
   for batch in batches:
-    state, metrics = step(state, batch, rng)
+    state, metrics = step(state, par.put_batch(batch), rng)
     metrics = jax.device_get(metrics)
     for name in history:
       history[name].append(float(metrics[name]))

@@ -99,9 +99,9 @@ def main(argv):
     from bert_jax.tasks.tools import compile_report
     compile_report.run(_CONFIG.value, _WORKDIR.value, _COMPILE_FOR.value, _FIND_MAX_BATCH.value)
     return
-  from bert_jax import tasks
+  from bert_jax.tasks import registry
   try:
-    tasks.run(_CONFIG.value, _WORKDIR.value)
+    registry.run(_CONFIG.value, _WORKDIR.value)
   except Exception:  # pylint: disable=broad-except
     if jax.process_count() == 1:
       raise

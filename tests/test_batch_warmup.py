@@ -18,6 +18,7 @@ from bert_jax.io import checkpoints
 from bert_jax.runtime import optim
 from bert_jax.runtime.batch_ramp import BatchRamp
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from tests import demo_runs
 from tests.test_train_step import synthetic_batch, tiny_config
 
@@ -130,7 +131,7 @@ def test_ramped_batches_take_k_micro_batches_and_replay_to_a_step():
 def test_resume_in_the_middle_of_the_ramp_is_bitwise_identical(tmp_path, capsys):
   config = _quick_config()
   reference = str(tmp_path / "reference")
-  pretraining.train_and_evaluate(config, reference)
+  registry.run_job(config, reference)
   train = [r for r in demo_runs.untimed_metrics(reference) if "batch_size" in r]
   assert [r["batch_size"] for r in train] == [2, 2, 4, 8]     # across the whole ramp
   # Killed after the step-1 checkpoint: the next steps take 1, 2 and 4 micro-batches.
@@ -139,7 +140,7 @@ def test_resume_in_the_middle_of_the_ramp_is_bitwise_identical(tmp_path, capsys)
   for step in ("2", "3", "4"):
     shutil.rmtree(os.path.join(resumed, "checkpoints", step))
   capsys.readouterr()
-  pretraining.train_and_evaluate(config, resumed)
+  registry.run_job(config, resumed)
   assert "Resumed from the checkpoint at step 1 " in capsys.readouterr().out
   assert demo_runs.untimed_metrics(resumed) == demo_runs.untimed_metrics(reference)
   ours = checkpoints.flatten(checkpoints.load_pretrained(resumed)[1])

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import features as F
 from data_pipelines import input_pipeline, masking, packing
@@ -290,7 +291,7 @@ def test_demo_quick_run_on_contiguous_instances(tmp_path):
   assert config.data.instances == "pairs"
   config.objective, config.data.instances = "mlm", "contiguous"
   workdir = str(tmp_path / "work")
-  result = pretraining.train_and_evaluate(config, workdir)
+  result = registry.run_job(config, workdir)
   train = read_metrics(workdir, "train")
   assert train[-1]["step"] == config.num_train_steps and all(np.isfinite(r["loss"]) for r in train)
   assert np.isfinite(result["eval_mlm_accuracy"]) and "eval_nsp_accuracy" not in result
@@ -302,10 +303,10 @@ def test_demo_quick_run_on_contiguous_instances(tmp_path):
 
   config.objective = "mlm_nsp"
   with pytest.raises(ValueError, match="instances='contiguous'.*mlm_nsp"):
-    pretraining.train_and_evaluate(config, str(tmp_path / "nsp"))
+    registry.run_job(config, str(tmp_path / "nsp"))
   config.data.instances = "pairs"   # the workdir's records are contiguous ones
   with pytest.raises(ValueError, match="holds contiguous instances"):
-    pretraining.train_and_evaluate(config, workdir)
+    registry.run_job(config, workdir)
   # Pre-built contiguous records with an NSP objective: named by the pipeline.
   config.data.prepare_demo_corpus = False
   config.data.input_files = os.path.join(workdir, "data", "train.tfrecord")

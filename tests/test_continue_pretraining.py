@@ -13,6 +13,7 @@ from bert_jax.model import layers
 from bert_jax.families.bert import model as bert_model
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from experiments import continue_pretraining
 from tests import finetuning_fixtures as fx
 
@@ -37,7 +38,7 @@ def test_quick_run_takes_everything_from_the_checkpoint(tmp_path, capsys):
   docs = [[fx.sentence(rng) + " ." for _ in range(6)] for _ in range(25)]
   text = _write_text(str(tmp_path / "corpus.txt"), docs)
   workdir = str(tmp_path / "run")
-  result = pretraining.train_and_evaluate(_config(checkpoint, text_files=text), workdir)
+  result = registry.run_job(_config(checkpoint, text_files=text), workdir)
   out = capsys.readouterr().out
   assert f"Continuing {checkpoint}: L=2, H=32, A=2" in out
   assert "initialised from scratch" not in out        # both heads came from the checkpoint
@@ -62,7 +63,7 @@ def test_heads_missing_from_the_checkpoint_are_named(tmp_path, capsys):
     json.dump({"do_lower_case": False}, f)
   c = _config(checkpoint)
   c.num_train_steps = 2
-  pretraining.train_and_evaluate(c, str(tmp_path / "run"))
+  registry.run_job(c, str(tmp_path / "run"))
   out = capsys.readouterr().out
   assert "has no cls/predictions, cls/seq_relationship: initialised from scratch" in out
   assert "cased)" in out                                         # tokenizer_config.json's casing
@@ -77,7 +78,7 @@ def test_a_longer_sequence_than_the_position_table_is_a_clear_error(tmp_path):
   c.max_seq_length = 128
   with pytest.raises(ValueError, match=r"max_seq_length=128 exceeds the position table.*"
                                        r"max_position_embeddings=64"):
-    pretraining.train_and_evaluate(c, str(tmp_path / "run"))
+    registry.run_job(c, str(tmp_path / "run"))
 
 
 def test_a_vocabulary_of_another_size_is_a_clear_error(tmp_path):

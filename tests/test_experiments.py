@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from bert_jax.runtime.metric_writers import read_metrics
 
 
@@ -21,7 +21,7 @@ def demo_data(tmp_path_factory):
   config = _config("pretrain_demo")
   config.num_train_steps = 2
   config.eval_every_steps = 0
-  pretraining.train_and_evaluate(config, str(workdir))
+  registry.run_job(config, str(workdir))
   assert os.path.exists(workdir / "data" / "DONE")
   return workdir / "data"
 
@@ -29,7 +29,7 @@ def demo_data(tmp_path_factory):
 def _run(config, workdir, data):
   os.makedirs(workdir, exist_ok=True)
   os.symlink(data, os.path.join(workdir, "data"))  # reused: the DONE marker is there
-  result = pretraining.train_and_evaluate(config, str(workdir))
+  result = registry.run_job(config, str(workdir))
   train = read_metrics(str(workdir), "train")
   assert train and train[-1]["step"] == config.num_train_steps
   assert all(r["loss"] == r["loss"] for r in train), "finite losses"

@@ -241,12 +241,12 @@ def test_continued_pre_training_starts_from_the_checkpoint(checkpoint, tmp_path,
   """experiments/continue_pretraining.py on the transformers checkpoint: its family's objective,
   its heads loaded (none initialised afresh), step 0's held-out loss that of the checkpoint."""
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   from experiments import continue_pretraining
   config = continue_pretraining.get_config("quick")
   config.init_checkpoint = checkpoint(family)
   workdir = str(tmp_path / "run")
-  result = pretraining.train_and_evaluate(config, workdir)
+  result = registry.run_job(config, workdir)
   assert np.isfinite(result["loss"])
   evals = read_metrics(workdir, "eval")
   assert [e["step"] for e in evals] == [0, config.num_train_steps]
@@ -264,11 +264,11 @@ def test_continued_pre_training_starts_from_the_checkpoint(checkpoint, tmp_path,
 def test_pre_training_from_scratch(tmp_path, experiment, family):
   import importlib
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   name, arg = experiment.split(":")
   config = importlib.import_module(f"experiments.{name}").get_config(arg)
   workdir = str(tmp_path / "run")
-  result = pretraining.train_and_evaluate(config, workdir)
+  result = registry.run_job(config, workdir)
   assert np.isfinite(result["loss"])
   assert read_metrics(workdir, "train")[-1]["step"] == config.num_train_steps
   saved, _ = checkpoints.load_pretrained(workdir)

@@ -83,13 +83,13 @@ def test_a_checkpoint_resumes_with_the_other_setting(report):
 def _run(out_dir, name, **overrides):
   """The pre-training loop on the fixture data; (workdir, losses)."""
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   from tests import pretraining_fixtures as fx
   config = fx.tiny_config(os.path.join(out_dir, "data"), num_train_steps=STEPS,
                           eval_every_steps=0, checkpoint_every_steps=10, keep_checkpoints=5,
                           async_checkpointing=False, **overrides)
   workdir = os.path.join(out_dir, name.replace(" ", "_").replace(">", ""))
-  pretraining.train_and_evaluate(config, workdir)
+  registry.run_job(config, workdir)
   return workdir, [r["loss"] for r in read_metrics(workdir, "train")]
 
 
@@ -99,12 +99,12 @@ def _resume(out_dir, source, name, **overrides):
   shutil.copytree(source, target)
   shutil.rmtree(os.path.join(target, "checkpoints", str(STEPS)))
   from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   from tests import pretraining_fixtures as fx
   config = fx.tiny_config(os.path.join(out_dir, "data"), num_train_steps=STEPS,
                           eval_every_steps=0, checkpoint_every_steps=10, keep_checkpoints=5,
                           async_checkpointing=False, **overrides)
-  pretraining.train_and_evaluate(config, target)
+  registry.run_job(config, target)
   return target, [r["loss"] for r in read_metrics(target, "train")]
 
 

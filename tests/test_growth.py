@@ -133,6 +133,7 @@ def test_a_larger_run_starts_from_the_smaller_checkpoint_tiled(tmp_path, capsys)
   from bert_jax import families
   from bert_jax.model import layers
   from bert_jax.tasks.jobs import init_checkpoint, pretraining
+  from bert_jax.tasks import registry
   from tests import finetuning_fixtures as fx
   config = importlib.import_module("experiments.pretrain_modernbert").get_config(
       "phase=pretrain,quick")   # 4 layers of 64, 2 heads of 32, GLU 96
@@ -141,7 +142,7 @@ def test_a_larger_run_starts_from_the_smaller_checkpoint_tiled(tmp_path, capsys)
       num_attention_heads=1, intermediate_size=48, vocab_size=config.model.vocab_size,
       local_attention=32, pad_token_id=0, type_vocab_size=1, max_position_embeddings=8192)
   config.init_checkpoint, config.init_tiling = small_dir, "tile_from_middle"
-  result = pretraining.train_and_evaluate(config, str(tmp_path / "large"))
+  result = registry.run_job(config, str(tmp_path / "large"))
   assert np.isfinite(result["loss"])
   assert "every parameter grown from its 2 x 32 model by tile_from_middle" in capsys.readouterr().out
   # What the run started from is the smaller model tiled (growth.grow on the same fresh init).

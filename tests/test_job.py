@@ -97,7 +97,7 @@ class _Recorder(loop.Action):
     self.calls.append(("end", step))
 
 
-def _two_step_job(actions) -> jobs.Job:
+def _two_step_job() -> jobs.Job:
   """A job of one dense layer, its batch a pure function of the step: two steps, no evaluation,
   the training line and the checkpoint at the last step."""
   import flax.linen as nn
@@ -116,22 +116,21 @@ def _two_step_job(actions) -> jobs.Job:
                          opt_state=opt_state), {"loss": value}
 
   return jobs.Job(
-      name="two steps", model=model, tx=tx, schedule=lambda step: 0.1,
+      name="two steps", model=model,
       init_state=lambda: TrainState.create(
           model.init(jax.random.PRNGKey(0), batch["x"])["params"], tx),
       param_axes=None, train_step=train_step, eval_step=None, example_batch=lambda rows: batch,
       settings=loop.LoopSettings(num_steps=2, log_every_steps=100),
-      batches=lambda: jobs.Batches(lambda step: batch), dropout_rng=jax.random.PRNGKey(1),
-      actions=actions)
+      batches=lambda: jobs.Batches(lambda step: batch), dropout_rng=jax.random.PRNGKey(1))
 
 
-def test_the_loop_runs_the_actions_a_job_carries(tmp_path):
-  """`Job.actions` hang on the loop of `runtime.job.run`: called at every point, after the
-  loop's own, their fields in metrics.jsonl."""
+def test_the_loop_runs_the_actions_a_run_is_given(tmp_path):
+  """`run(..., actions=)` hang on the loop of `runtime.job.run`: called at every point, after
+  the loop's own, their fields in metrics.jsonl."""
   from bert_jax.runtime.metric_writers import read_metrics
   recorder = _Recorder()
-  outcome = jobs.run(_two_step_job((recorder,)), str(tmp_path),
-                     parallel.create(tiny_config()))
+  outcome = jobs.run(_two_step_job(), str(tmp_path), parallel.create(tiny_config()),
+                     actions=(recorder,))
   assert not outcome.preempted and outcome.trainer.actions[-1] is recorder
   assert recorder.calls == [("start", 0), ("before_step", 0), ("after_step", 1),
                             ("before_step", 1), ("after_step", 2), ("log", 2),

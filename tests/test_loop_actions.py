@@ -9,6 +9,7 @@ import pytest
 from bert_jax.runtime import loop
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from tests import pretraining_fixtures as fx
 
 
@@ -44,11 +45,11 @@ def test_train_seconds_leave_out_evaluation_and_continue_on_resume(tmp_path, mon
   monkeypatch.setattr(pretraining, "evaluate", slow_evaluate)
   workdir = str(tmp_path / "work")
   config.num_train_steps = 4          # stop after the first checkpoint, as a preemption would
-  pretraining.train_and_evaluate(config, workdir)
+  registry.run_job(config, workdir)
   first = read_metrics(workdir, "train")[-1]["train_seconds"]
   config.num_train_steps = 8
   started = time.time()
-  pretraining.train_and_evaluate(config, workdir)
+  registry.run_job(config, workdir)
   elapsed = time.time() - started
   train = read_metrics(workdir, "train")
   seconds = [r["train_seconds"] for r in train]
@@ -81,7 +82,7 @@ def _toy_job(num_steps: int, evaluate=None, **settings):
     return state.replace(step=state.step + 1, opt_state=opt_state,
                          params=optax.apply_updates(state.params, updates)), {"loss": loss}
 
-  return Job(name="toy", model=None, tx=tx, schedule=lambda step: 0.1,
+  return Job(name="toy", model=None,
              init_state=lambda: TrainState.create({"w": jnp.zeros(())}, tx), param_axes=None,
              train_step=train_step, eval_step=None,
              example_batch=lambda rows: {"x": np.ones(rows, np.float32)},

@@ -14,7 +14,7 @@ import pytest
 from bert_jax.io import checkpoints
 from bert_jax import families
 from bert_jax.runtime.metric_writers import read_metrics
-from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from bert_jax.tasks.tools import fine_tuned, serving
 from tests import finetuning_fixtures as fx
 
@@ -38,14 +38,14 @@ def test_phases_each_start_from_the_one_before(tmp_path):
   pretrain = _experiment("phase=pretrain,quick")
   assert pretrain.model.architecture == "modernbert" and pretrain.objective == "mlm"
   assert pretrain.data.instances == "contiguous" and pretrain.data.masked_lm_prob == 0.30
-  pretraining.train_and_evaluate(pretrain, str(tmp_path / "pretrain"))
+  registry.run_job(pretrain, str(tmp_path / "pretrain"))
   previous = tmp_path / "pretrain"
   for phase in ("extend", "decay"):
     config = _experiment(f"phase={phase},quick")
     assert config.model.global_rope_theta == 160_000.0
     assert config.max_seq_length == 2 * pretrain.max_seq_length
     config.init_checkpoint = str(previous)
-    result = pretraining.train_and_evaluate(config, str(tmp_path / phase))
+    result = registry.run_job(config, str(tmp_path / phase))
     train = read_metrics(str(tmp_path / phase), "train")
     assert train[-1]["step"] == config.num_train_steps and np.isfinite(result["loss"])
     previous = tmp_path / phase
@@ -140,5 +140,5 @@ def test_the_demos_modern_twin_shares_its_corpus_and_scoring():
 def test_the_demos_modern_twin_trains(tmp_path):
   config = importlib.import_module("experiments.pretrain_demo").get_config("recipe=modern,quick")
   config.num_train_steps, config.eval_every_steps = 2, 0
-  result = pretraining.train_and_evaluate(config, str(tmp_path))
+  result = registry.run_job(config, str(tmp_path))
   assert np.isfinite(result["loss"])

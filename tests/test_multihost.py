@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from bert_jax.io import checkpoints
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from bert_jax.runtime.metric_writers import read_metrics
 from tests import pretraining_fixtures as fx
 
@@ -204,7 +205,7 @@ def test_two_processes_equal_one_process_and_resume_from_their_checkpoint(tmp_pa
   monkeypatch.setattr(pretraining, "input_pipeline_for",
                       _as_one_host(pretraining.input_pipeline_for))
   config = fx.tiny_config(str(tmp_path / "data"), **overrides)
-  pretraining.train_and_evaluate(config, str(tmp_path / "single"))
+  registry.run_job(config, str(tmp_path / "single"))
   single = read_metrics(str(tmp_path / "single"))
   _assert_same_losses(multi, single, rtol=2e-5)
   # The checkpoint of 2 processes loads in 1 (export, fine-tuning) and holds the same model.

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from bert_jax.text import tokenization
 from bert_jax.runtime.metric_writers import read_metrics
 from data_pipelines import create_pretraining_data as cpd
@@ -143,7 +144,7 @@ def test_pretraining_on_packed_rows(tmp_path):
   config = fx.tiny_config(str(tmp_path / "data"), **{
       "data.packing": True, "data.max_pairs_per_row": 3, "data.packing_window": 32,
       "num_train_steps": 6, "eval_every_steps": 6, "checkpoint_every_steps": 6})
-  result = pretraining.train_and_evaluate(config, str(tmp_path / "work"))
+  result = registry.run_job(config, str(tmp_path / "work"))
   train = read_metrics(str(tmp_path / "work"), "train")
   assert [r["step"] for r in train] == list(range(1, 7))
   assert all(np.isfinite(r["loss"]) for r in train)

@@ -11,6 +11,7 @@ import pytest
 
 from bert_jax.io import checkpoints
 from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
 from tests import pretraining_fixtures as fx
 
@@ -40,7 +41,7 @@ def reference_run(tmp_path_factory):
   """An uninterrupted run of 12 steps (checkpoints at 4, 8, 12)."""
   base = tmp_path_factory.mktemp("reference")
   config = fx.tiny_config(str(base / "data"))
-  result = pretraining.train_and_evaluate(config, str(base / "work"))
+  result = registry.run_job(config, str(base / "work"))
   return base, config, result
 
 
@@ -68,7 +69,7 @@ def test_metrics_and_checkpoints_are_written(reference_run):
 def test_rerun_of_a_finished_run_changes_nothing(reference_run):
   base, config, _ = reference_run
   before = _losses(str(base / "work"))
-  pretraining.train_and_evaluate(config, str(base / "work"))
+  registry.run_job(config, str(base / "work"))
   assert _losses(str(base / "work")) == before
 
 
@@ -147,7 +148,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(reference_run, tmp_pat
     for name in files:
       with open(os.path.join(root, name), "r+b") as f:
         f.truncate(max(0, os.path.getsize(os.path.join(root, name)) // 3))
-  pretraining.train_and_evaluate(config, workdir)
+  registry.run_job(config, workdir)
   assert "CHECKPOINT AT STEP 12 IS UNREADABLE" in capsys.readouterr().out
   assert os.listdir(os.path.join(workdir, "checkpoints_corrupt"))
   # Steps 9..12 were recomputed from step 8 and match the original run exactly.
@@ -159,7 +160,7 @@ def test_non_finite_loss_aborts_after_consecutive_skips(reference_run, tmp_path)
   config = fx.tiny_config(str(base / "data"), learning_rate=1e38, max_consecutive_skips=3,
                           warmup_steps=0, **{"optimizer.clip_grad_norm": 0.0})
   with pytest.raises(pretraining.NonFiniteLossError, match="consecutive steps"):
-    pretraining.train_and_evaluate(config, str(tmp_path / "work"))
+    registry.run_job(config, str(tmp_path / "work"))
   skipped = [r for r in read_metrics(str(tmp_path / "work")) if r.get("skipped")]
   assert skipped, "non-finite steps are logged"
 
@@ -168,7 +169,7 @@ def test_a_run_learns(tmp_path):
   config = fx.tiny_config(str(tmp_path / "data"), num_train_steps=150, log_every_steps=25,
                           eval_every_steps=150, checkpoint_every_steps=150,
                           learning_rate=2e-3, warmup_steps=10, global_batch_size=16)
-  result = pretraining.train_and_evaluate(config, str(tmp_path / "work"))
+  result = registry.run_job(config, str(tmp_path / "work"))
   # Chance is 1/45; the repeated-word structure makes masked tokens predictable.
   assert result["eval_mlm_accuracy"] > 0.8, result
 

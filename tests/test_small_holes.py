@@ -23,7 +23,7 @@ import pytest
 
 from bert_jax.io import checkpoints, file_digests, remote_storage
 from bert_jax.tasks.framework import best_model
-from bert_jax.tasks.jobs import pretraining
+from bert_jax.tasks import registry
 from experiments import continue_pretraining, glue
 from tests import finetuning_fixtures as fx
 from tests import test_best_directory
@@ -87,7 +87,7 @@ def test_continued_pretraining_refuses_a_vocabulary_of_the_checkpoints_size_but_
   with pytest.raises(ValueError, match=re.escape(
       f"Vocabulary {other} is not the one beside the checkpoint {checkpoint} "
       f"({os.path.join(checkpoint, 'vocab.txt')})")):
-    pretraining.train_and_evaluate(config, str(tmp_path / "run"))
+    registry.run_job(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")   # refused before the workdir was made
 
 

@@ -194,7 +194,7 @@ def _layout(state):
 def _e2e(out_dir):
   """The real loop with model_parallelism=2 and =1; the sharding the loop used, its losses."""
   from bert_jax import parallel
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   from bert_jax.runtime.metric_writers import read_metrics
   from tests import pretraining_fixtures as fx
   used, create = [], parallel.create
@@ -211,7 +211,7 @@ def _e2e(out_dir):
                               eval_every_steps=0, checkpoint_every_steps=4,
                               async_checkpointing=False, model_parallelism=model_parallelism)
       workdir = os.path.join(out_dir, f"e2e_{name}")
-      pretraining.train_and_evaluate(config, workdir)
+      registry.run_job(config, workdir)
       losses[name] = [r["loss"] for r in read_metrics(workdir, "train")]
   finally:
     parallel.create = create

@@ -168,7 +168,7 @@ def _job(mode, num_steps):
     return {"w": float(state.params["w"])}
 
   import numpy as np
-  return Job(name="watchdog", model=None, tx=tx, schedule=lambda step: 0.1,
+  return Job(name="watchdog", model=None,
              init_state=lambda: TrainState.create({"w": jnp.zeros(())}, tx), param_axes=None,
              train_step=train_step, eval_step=None,
              example_batch=lambda rows: {"x": np.ones(rows, np.float32),

@@ -96,7 +96,7 @@ initialisation, MLM + NSP, batch 64 x 128, peak lr 5e-4 (post-LN small models st
 experiments/pretrain_demo.py), linear warm-up over the first 5% of the side's steps then linear
 decay to 0 at its last step, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 except biases
 and LayerNorm), gradient clipping at global norm 1.0.
-  bert_jax: bert_jax's pre-training job as `train_and_evaluate` runs it (tf.data pipeline with
+  bert_jax: bert_jax's pre-training job as `registry.run_job` runs it (tf.data pipeline with
     dynamic masking, 15%, 80/10/10, at most 20 predictions per sequence; AdamW as the original,
     without bias correction; the original schedule, whose decay runs over all steps), with its
     evaluation on the fixed sets (jax_side.py).

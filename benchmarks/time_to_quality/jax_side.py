@@ -2,7 +2,7 @@
 pre-training job and loop), scored on the fixed held-out sets.
 
 The job is `bert_jax.tasks.jobs.pretraining.make_job(config)`, run by `bert_jax.runtime.job.run`
-as `train_and_evaluate` runs it (the same step, input pipeline, checkpoints, clock and resume),
+as `registry.run_job` runs it (the same step, input pipeline, checkpoints, clock and resume),
 with one field replaced: the evaluation scores the fixed numpy sets of OUT/data (the pairs and
 the text set, `prepared.load_eval_sets`) with the job's own `eval_step`, instead of reading the
 side's own held-out records, so that all four sides are scored on the very same instances and
@@ -40,16 +40,16 @@ def apply_plan(config, plan: schedule.Plan) -> None:
 
 
 def calibrate_jax(args, info: dict, side: str = "bert_jax") -> schedule.Calibration:
-  """bert_jax's speed: `train_and_evaluate` for 3 logging windows of `calibration_steps`, at the
+  """bert_jax's speed: `registry.run_job` for 3 logging windows of `calibration_steps`, at the
   full batch (no ramp), no evaluation or checkpoint."""
-  from bert_jax.tasks.jobs import pretraining
+  from bert_jax.tasks import registry
   k = args.calibration_steps
   config = side_config(args, info, side)
   config.num_train_steps, config.warmup_steps, config.log_every_steps = 3 * k, k, k
   config.eval_every_steps, config.checkpoint_every_steps = 0, 0
   directory = os.path.join(args.out, side, "calibration")
   shutil.rmtree(directory, ignore_errors=True)
-  pretraining.train_and_evaluate(config, os.path.join(directory, "workdir"))
+  registry.run_job(config, os.path.join(directory, "workdir"))
   marks = clocks.jax_clock_marks(os.path.join(directory, "workdir"))
   shutil.rmtree(directory, ignore_errors=True)
   windows = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
@@ -102,25 +102,19 @@ def jax_params_from_workdir(workdir: str):
 
 
 def train(config, workdir: str, eval_sets: Dict[str, Sequence[common.Batch]]) -> dict:
-  """`pretraining.train_and_evaluate` with the evaluation on `eval_sets` (module docstring)."""
+  """`registry.run_job` with the evaluation on `eval_sets` (module docstring)."""
   from bert_jax import parallel
   from bert_jax.io import filesystem
   from bert_jax.runtime import job as jobs
-  from bert_jax.tasks.jobs import pretraining
-  pretraining.check_config(config)
-  workdir = filesystem.absolute(workdir)
-  # What train_and_evaluate does before the job: the workdir, the model config kept in it (the
-  # records are given: nothing is built).
-  config = pretraining.prepare(config, workdir)
-  job = pretraining.make_job(config)
+  from bert_jax.tasks import registry
+  job = registry.job(config, workdir)   # the records are given: nothing is built
   score = scorer(job.model, config.objective)
   every = config.eval_every_steps
   job = dataclasses.replace(
       job, evaluator=lambda trainer: lambda state, step: score_sets(score, state.params,
                                                                    eval_sets),
       eval_at=lambda step: bool(every) and step % every == 0)
-  outcome = jobs.run(job, workdir, parallel.create(config))
-  return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
+  return jobs.run(job, filesystem.absolute(workdir), parallel.create(config)).results()
 
 
 def run_jax(args, side: str = "bert_jax") -> dict:

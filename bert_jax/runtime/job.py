@@ -38,8 +38,6 @@ class Job:
   # What the step computes (what `--compile_for` lowers and the benchmarks time).
   name: str                                  # console prefix, e.g. "pretraining"
   model: Any                                 # the Flax module
-  tx: Any                                    # the optax transformation
-  schedule: Callable[[int], float]           # learning rate by optimizer step
   init_state: Callable[[], Any]              # () -> a fresh TrainState (jit / eval_shape it)
   param_axes: Any                            # logical axis names of the parameters (sharding)
   train_step: Callable                       # (state, batch, rng) -> (state, metrics), pure
@@ -61,10 +59,6 @@ class Job:
   warm_start: Optional[Callable[[Any, Any], Any]] = None
   throughput: Throughput = Throughput()
   console_keys: Tuple[str, ...] = ("loss", "learning_rate")
-  # Hooks on the loop (`runtime.actions.Action`) besides the ones every run has (clock,
-  # throughput, non-finite abort, profiler, watchdog); called after those at each point. A job
-  # runs once: an action that keeps state across calls starts it afresh in `start`.
-  actions: Tuple[Action, ...] = ()
 
 
 @dataclasses.dataclass
@@ -76,6 +70,10 @@ class Outcome:
   preempted: bool
   evaluate: Optional[Callable[[Any, int], Metrics]]
   trainer: Trainer
+
+  def results(self) -> Metrics:
+    """The last logged metrics, with `preempted: True` when SIGTERM stopped the run early."""
+    return dict(self.last, preempted=True) if self.preempted else self.last
 
 
 def state_and_step(job: Job, par) -> Tuple[Any, Callable]:
@@ -94,14 +92,16 @@ def abstract_state_and_step(job: Job, par) -> Tuple[Any, Callable]:
   return state, par.compile_step(job.train_step)
 
 
-def run(job: Job, workdir: str, par) -> Outcome:
+def run(job: Job, workdir: str, par, actions: Tuple[Action, ...] = ()) -> Outcome:
   """Trains `job` in `workdir` on the mesh of `par` (`parallel.create(config)`), resuming from
-  its newest checkpoint."""
+  its newest checkpoint. `actions`: hooks on the loop (`runtime.actions.Action`) besides the ones
+  every run has (clock, throughput, non-finite abort, profiler, watchdog), called after those at
+  each point; an action that keeps state across calls starts it afresh in `start`."""
   state, step_fn = state_and_step(job, par)
   batches = job.batches()
   trainer = Trainer(job.name, workdir, par, job.settings, iterator=batches.iterator,
                     console_keys=job.console_keys, throughput=job.throughput,
-                    actions=job.actions)
+                    actions=actions)
   try:
     state = trainer.restore(state, model=job.model)
     if not trainer.resumed and job.warm_start is not None:

@@ -4,21 +4,27 @@ prediction, serving, `fine_tuned`, the compile report and the benchmarks read.
 A fine-tuning task is found by its file: `config.task=NAME` is the `TASK` class (a
 `framework.task.Task`) of `bert_jax/tasks/datasets/NAME.py`. Adding a task is that file plus its
 experiment file (`experiments/NAME.py`); nothing else lists it. The jobs that are not one
-fine-tuning task are the lines of `JOBS`: what runs, and the job it trains (`runtime.job.Job`).
+fine-tuning task are the lines of `JOBS`: the job each trains (`runtime.job.Job`) and, for those
+that run more than their one job, what runs instead.
 
-    results = registry.runner(config.task)(config, workdir)   # what `bert_jax.main` runs
+    results = registry.run(config, workdir)   # what `bert_jax.main` runs: the workdir locked
     job = registry.job(config)            # its job, nothing prepared: what --compile_for compiles
     job = registry.job(config, workdir)   # the workdir prepared: the job that trains
+    results = registry.run_job(config, workdir)   # that job trained: jobs.run(job(...), ...)
 
 Modules are imported only when chosen, so a pre-training run never imports the fine-tuning tasks
 (and the other way round).
 """
+import contextlib
 import dataclasses
 import importlib
 import pkgutil
 from typing import Callable, Dict, Optional, Tuple
 
 import ml_collections
+
+from bert_jax.io import filesystem, workdir_lock
+from bert_jax.runtime import environment, outputs
 
 DATASETS = "bert_jax.tasks.datasets"
 
@@ -68,27 +74,28 @@ def _several_jobs(why: str):
 
 @dataclasses.dataclass(frozen=True)
 class JobEntry:
-  """A `config.task` that is not one fine-tuning task: what `bert_jax.main` runs, (module,
-  function(config, workdir)), and its job, function(config, workdir, layers) -> Job (the ones
-  that run several jobs one after another say so instead)."""
-  runs: Tuple[str, str]
+  """A `config.task` that is not one fine-tuning task: its job, function(config, workdir,
+  layers) -> Job (the ones that run several jobs one after another say so instead), and what
+  `bert_jax.main` runs when that is more than the job, (module, function(config, workdir)); None:
+  the job is the run (`run_job`)."""
   job: Callable
+  runs: Optional[Tuple[str, str]] = None
 
 
 # config.task -> its entry, for the jobs that are not one fine-tuning task (a fine-tuning task's
 # runner and job: `framework.finetuning.run_task` and `framework.finetuning.job`).
 JOBS = {
-    "pretraining": JobEntry(("bert_jax.tasks.jobs.pretraining", "train_and_evaluate"),
-                            _pretraining_job),
-    "ner_feature_based": JobEntry(("bert_jax.tasks.jobs.feature_based", "run"),
-                                  _feature_based_job),
-    "glue_all": JobEntry(("bert_jax.tasks.datasets.glue", "run_all"), _several_jobs(
+    "pretraining": JobEntry(_pretraining_job),
+    "ner_feature_based": JobEntry(_feature_based_job,
+                                  runs=("bert_jax.tasks.jobs.feature_based", "run")),
+    "glue_all": JobEntry(_several_jobs(
         "fine-tunes each task of config.glue_tasks in turn, each its own job; for one of them "
-        "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)")),
-    "ablations": JobEntry(("bert_jax.tasks.jobs.ablations", "run"), _several_jobs(
+        "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)"),
+        runs=("bert_jax.tasks.datasets.glue", "run_all")),
+    "ablations": JobEntry(_several_jobs(
         "pre-trains, fine-tunes and probes each variant of config.variants in turn; for one "
         "step use its pre-training experiment (config.pretraining) or one GLUE task "
-        "(experiments/glue.py)")),
+        "(experiments/glue.py)"), runs=("bert_jax.tasks.jobs.ablations", "run")),
 }
 
 
@@ -135,14 +142,15 @@ def job(config: ml_collections.ConfigDict, workdir: Optional[str] = None, *,
   `glue_all` and `ablations` run several jobs one after another: a ValueError says which to use.
   """
   if workdir is not None:
-    from bert_jax.io import filesystem
     workdir = filesystem.absolute(workdir)
   return job_builder(config.task)(config, workdir, layers)
 
 
 def runner(name: str) -> Callable[[ml_collections.ConfigDict, str], Dict]:
-  """What `python -m bert_jax.main` runs for `config.task=name`."""
+  """What `python -m bert_jax.main` runs for `config.task=name` (in `run`, the workdir locked)."""
   if name in JOBS:
+    if JOBS[name].runs is None:
+      return run_job
     module, function = JOBS[name].runs
     return getattr(importlib.import_module(module), function)
   try:
@@ -151,3 +159,45 @@ def runner(name: str) -> Callable[[ml_collections.ConfigDict, str], Dict]:
     raise ValueError(f"config.task={name!r}: expected one of {list(names())}") from None
   from bert_jax.tasks.framework import finetuning
   return lambda config, workdir: finetuning.run_task(task, config, workdir)
+
+
+def run_job(config: ml_collections.ConfigDict, workdir: str) -> Dict:
+  """Trains the job `config.task` builds in `workdir` (`job`, prepared), resuming from its newest
+  checkpoint: the whole run of a task whose job is its run (pre-training). Returns the last
+  logged metrics (`eval_*` for evaluations), with `preempted: True` when SIGTERM stopped it
+  early (after saving a checkpoint). A fine-tuning task's run does more (best/, predictions,
+  results.json, seeds): `run`."""
+  from bert_jax import parallel
+  from bert_jax.runtime import job as jobs
+  workdir = filesystem.absolute(workdir)
+  return jobs.run(job(config, workdir), workdir, parallel.create(config)).results()
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:
+  """What `python -m bert_jax.main` runs: `config.task`'s runner in `workdir`, with the
+  workdir's lock held and the environment recorded (what the numbers depend on beyond the
+  config)."""
+  run_task = runner(config.task)
+  with _one_run_per_workdir(workdir):
+    environment.record(workdir)
+    return run_task(config, workdir)
+
+
+@contextlib.contextmanager
+def _one_run_per_workdir(workdir):
+  """The workdir's lock (bert_jax/io/workdir_lock.py), held while the job runs: a second run on
+  the same workdir stops at once, naming this one. Of several processes of one run, process 0
+  holds it for all; the others start only once it has it (a run refused leaves them no work)."""
+  import jax
+  lock = None
+  if outputs.is_writer():
+    filesystem.makedirs(workdir)
+    lock = workdir_lock.acquire(workdir)
+  try:
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("workdir lock taken")
+    yield
+  finally:
+    if lock is not None:
+      lock.release()

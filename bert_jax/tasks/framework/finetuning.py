@@ -551,7 +551,7 @@ def make_job(task: Task, config: ml_collections.ConfigDict,
   model_flops, kernel_flops = _flops(inputs.bert_config, inputs.train.features)
   batch_size = config.global_batch_size
   return Job(
-      name=task.name, model=model, tx=tx, schedule=schedule,
+      name=task.name, model=model,
       init_state=lambda: TrainState.create(
           nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx),
       # With config.model_parallelism > 1 the encoder and its Adam moments are sharded as in

@@ -242,7 +242,7 @@ def make_job(choice: str, config, train: WordFeatures, dev: WordFeatures,
     return evaluate_epoch
 
   return Job(
-      name=f"feature-based {choice}", model=model, tx=tx, schedule=schedule,
+      name=f"feature-based {choice}", model=model,
       init_state=lambda: TrainState.create(
           nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx),
       param_axes=None,

@@ -1,4 +1,6 @@
-"""Pre-training: the train step, evaluation, and the loop with checkpoints and exact resume.
+"""Pre-training: the job (`make_job`): the paper's losses, the train step, evaluation and the
+tf.data inputs. It runs as every job does, `registry.run_job(config, workdir)` ->
+`runtime.job.run(registry.job(config, workdir), ...)`: checkpoints and exact resume.
 
 `train_step(state, batch, rng)` is a pure function, jitted once over the device mesh with the batch
 sharded along `data`; dropout randomness is `fold_in(rng, step)`, so a resumed run draws exactly
@@ -24,15 +26,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import families, parallel
-from bert_jax.io import filesystem
+from bert_jax import families
 from bert_jax.io import training_checkpoints as tc
 from bert_jax.model import growth, kernels, layers
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.runtime import batch_ramp, config_names, optim, outputs
 from bert_jax.runtime import step as step_core
-from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings, NonFiniteLossError, Throughput
 from bert_jax.runtime.state import TrainState
@@ -461,7 +461,7 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
   eval_fn = functools.partial(eval_step, model=model, objective=config.objective)
   evaluates = bool(config.eval_every_steps and config.data.eval_input_files)
   return Job(
-      name="pretraining", model=model, tx=tx, schedule=schedule,
+      name="pretraining", model=model,
       init_state=lambda: create_train_state(config, model, tx, init_rng),
       param_axes=param_axes,
       train_step=functools.partial(train_step, model=model, tx=tx, objective=config.objective,
@@ -485,18 +485,6 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
                   if config.init_checkpoint else None),
       throughput=_throughput(config),
       console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "batch_size"))
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
-  """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
-
-  Returns the last logged training metrics (and eval metrics under `eval_*`), with
-  `preempted: True` when SIGTERM stopped it early (after saving a checkpoint).
-  """
-  workdir = filesystem.absolute(workdir)
-  config = job_config(config, workdir)
-  outcome = jobs.run(make_job(config), workdir, parallel.create(config))
-  return dict(outcome.last, preempted=True) if outcome.preempted else outcome.last
 
 
 def job_config(config: ml_collections.ConfigDict,
