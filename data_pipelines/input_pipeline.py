@@ -527,7 +527,12 @@ class PipelineIterator:
 def _checked_record(directory: str) -> Optional[dict]:
   """`position.json` of a saved position (None if it has none), its state files checked
   against the digests it records."""
-  path = filesystem.join(directory, POSITION_FILE)
+  # position.json, and every state file the reader may open, a regular file of the position's
+  # folder (`filesystem.confined`): not a link out of it, a FIFO or a device.
+  path = filesystem.confined(directory, POSITION_FILE, held_by=directory)
+  for name in filesystem.listdir(directory):
+    if name.startswith("iterator"):
+      filesystem.confined(directory, name, held_by=directory)
   if not filesystem.exists(path):
     return None
   record = json.loads(filesystem.read_text(path))

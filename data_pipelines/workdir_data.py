@@ -192,7 +192,9 @@ def _write_done(path: str, record: Dict[str, Any]) -> None:
 
 
 def _read_done(path: str) -> Dict[str, Any]:
-  """DONE's record; {} for the one line of text that earlier versions wrote."""
+  """DONE's record; {} for the one line of text that earlier versions wrote. DONE itself must be
+  a regular file of its folder (`filesystem.confined`), not a link out of it or a FIFO."""
+  filesystem.confined(filesystem.dirname(path), filesystem.basename(path), held_by=path)
   try:
     record = json.loads(filesystem.read_text(path))
   except ValueError:

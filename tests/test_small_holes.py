@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax.io import checkpoints, file_digests, remote_storage
+from bert_jax.io import checkpoints, file_digests, filesystem, remote_storage
 from bert_jax.tasks.framework import best_model
 from bert_jax.tasks import registry
 from experiments import continue_pretraining, glue
@@ -116,13 +116,13 @@ def test_a_best_json_name_outside_best_is_refused_not_hashed(best, tmp_path, kin
   info = json.loads(info_path.read_text())
   info["file_digests"][name] = file_digests.digest(str(outside))
   info_path.write_text(json.dumps(info))
-  with pytest.raises(file_digests.DamagedFileError) as error:
+  with pytest.raises(filesystem.UnsafeNameError) as error:   # the one rule (test_confined_names)
     best_model.check_best(str(directory))
   assert str(info_path) in str(error.value) and repr(name) in str(error.value)
   # Not complete either, so a reader never takes it over an intact sibling.
   assert best_model.best_location(str(directory)) == str(directory)
   from bert_jax.tasks.tools import fine_tuned
-  with pytest.raises(file_digests.DamagedFileError, match=re.escape(repr(name))):
+  with pytest.raises(filesystem.UnsafeNameError, match=re.escape(repr(name))):
     fine_tuned.load(str(tmp_path / "workdir"))
 
 

@@ -219,9 +219,11 @@ def test_bert_config_json_is_kept_unless_the_architecture_is_the_same(tmp_path, 
   # Compute-only and training-only fields may change: the file records the new run's.
   faster = config.replace(dtype="bfloat16", scan_layers=True, attention="xla",
                           hidden_dropout_prob=0.0)
-  tc.keep_model_config(faster, workdir)
-  assert json.loads(path.read_text())["dtype"] == "bfloat16"
+  tc.check_model_config(faster, workdir)   # said when checked (the run's start); not written
   assert "hidden_dropout_prob: 0.1 -> 0.0" in capsys.readouterr().out
+  assert path.read_text() == written
+  tc.keep_model_config(faster, workdir)   # written once the job starts
+  assert json.loads(path.read_text())["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("error, kind", [
@@ -244,3 +246,21 @@ def test_bert_config_json_is_kept_unless_the_architecture_is_the_same(tmp_path, 
 ])
 def test_what_a_restore_error_proves(error, kind):
   assert tc.restore_error_kind(error) == kind
+
+
+def test_written_by_names_the_version_and_the_source_commit(tmp_path):
+  """`written_by` tells two states of the code apart: the version, and in a git checkout the
+  commit (`+changes` when tracked files differ from it); environment.jsonl records the same."""
+  import subprocess
+  from bert_jax.runtime import environment
+  _, state = _model()
+  _save(str(tmp_path), state)
+  saved = json.loads((tmp_path / "checkpoints" / "5" / "record" / "metadata").read_text())
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if not os.path.exists(os.path.join(root, ".git")):
+    assert saved["written_by"] == f"bert_jax {tc._version()}"
+    return
+  commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+  assert re.fullmatch(rf"bert_jax \S+ \(git {commit}(\+changes)?\)", saved["written_by"])
+  assert environment.describe()["bert_jax"] == saved["written_by"]

@@ -171,8 +171,8 @@ def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
     return load_safetensors(single)
   shards = sorted(set(json.loads(filesystem.read_text(index))["weight_map"].values()))
   state = {}
-  for shard in shards:
-    state.update(load_safetensors(filesystem.join(directory, shard)))
+  for shard in shards:   # names read from the index: confined to its folder
+    state.update(load_safetensors(filesystem.confined(directory, shard, held_by=index)))
   return state
 
 

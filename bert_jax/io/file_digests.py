@@ -40,7 +40,9 @@ def check(directory: str, recorded: Dict[str, Dict[str, object]], record_name: s
   """Raises DamagedFileError naming the first file of `directory` that is missing or differs
   from its digest in `recorded` (which `record_name`, e.g. best.json, holds)."""
   for name, expected in sorted(recorded.items()):
-    path = filesystem.join(directory, name)
+    # A recorded name is read back from a file that may have been edited or crafted: confined
+    # to `directory` (`filesystem.UnsafeNameError` otherwise) before anything is opened.
+    path = filesystem.confined(directory, name, record_name)
     if not filesystem.exists(path):
       raise DamagedFileError(f"{path} is missing ({record_name} records it, "
                              f"{expected['bytes']} bytes)")

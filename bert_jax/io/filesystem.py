@@ -16,16 +16,23 @@ Timeouts and retries of every remote call, and the Cloud Storage emulator
 (`STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`, the convention of Google's client libraries: every
 `gs://` path goes to that endpoint, in every layer) are set up on import, before TensorFlow or
 TensorStore load (`remote_storage.configure`).
+
+Names a run reads back from its own files (a checkpoint's `position.json`, `data/DONE`,
+`best.json`, a sharded checkpoint's index) go through one rule, `confined`: a plain relative name
+inside the directory it names a file of, never a way out of it (`..`, an absolute path, a link)
+or a file that is not a regular one (a FIFO would hang the read, `/dev/zero` never end it).
 """
 import builtins
 import contextlib
+import errno
 import glob as glob_lib
 import io
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
-from typing import IO, Dict, Iterator, List, Optional
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional
 
 from bert_jax.io import remote_storage
 
@@ -123,6 +130,52 @@ def mtime(path: str) -> float:
   if is_url(path):
     return _gfile().stat(path).mtime_nsec / 1e9
   return os.path.getmtime(path)
+
+
+class UnsafeNameError(ValueError):
+  """A name read from a file a run wrote that would reach outside the directory it names a file
+  of, or a file there that is not a regular file: refused before anything is opened."""
+
+
+def confined(directory: str, name, held_by: str, folder: bool = False) -> str:
+  """`directory`/`name`, for a `name` read from the file `held_by` (a record a run wrote:
+  position.json, DONE, best.json, an index), or `UnsafeNameError` naming `held_by` unless `name`
+  is a plain relative path inside `directory`: a non-empty string, not absolute, not a URL, no
+  backslash and no empty, `.` or `..` part; on a local disk also inside `directory` once links
+  are resolved, and a regular file where one exists (never a FIFO, a device or a directory; with
+  `folder`, a directory).
+
+  The one rule for every name read back from a workdir: nothing is read, hashed or moved for a
+  name it refuses, so an edited or crafted file cannot make a run read outside its workdir, hang
+  on a FIFO or read `/dev/zero` until killed."""
+
+  def refuse(why: str):
+    raise UnsafeNameError(
+        f"{held_by}: the name {name!r} {why}: refused, nothing read. The file was edited or "
+        "comes from elsewhere; restore it from the run that wrote it, or start again in a new "
+        "directory.")
+
+  if not isinstance(name, str) or not name or "\0" in name:
+    refuse("is not a file name")
+  if name.startswith("/") or "\\" in name or is_url(name) or "://" in name:
+    refuse(f"is not a relative name inside {directory}")
+  if any(part in ("", ".", "..") for part in name.split("/")):
+    refuse(f"climbs out of {directory} or is not a plain path")
+  path = join(directory, name)
+  if is_url(path):   # an object store has no links or special files
+    return path
+  root, real = os.path.realpath(directory), os.path.realpath(path)
+  if os.path.commonpath([root, real]) != root:
+    refuse(f"leads out of {directory} through a link (to {real})")
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    return path
+  if folder and not stat.S_ISDIR(mode):
+    refuse("is not a directory there")
+  if not folder and not stat.S_ISREG(mode):
+    refuse("is not a regular file there (a FIFO, a device or a directory)")
+  return path
 
 
 class WriteNotLandedError(OSError):
@@ -259,12 +312,47 @@ def open(path: str, mode: str = "r", encoding: str = "utf-8", errors: Optional[s
     if raw.readable():
       return _NamedTextFile(buffered, path, encoding=encoding, errors=errors, newline=newline)
     return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline)
+  writes = any(c in mode for c in "wax+")
+  opener = _no_follow if writes else None
   if "b" in mode:
-    return builtins.open(path, mode)
-  if "r" in mode and "+" not in mode:
+    return _opened(path, lambda: builtins.open(path, mode, opener=opener))
+  if not writes:
     return _NamedTextFile(builtins.open(path, "rb"), path, encoding=encoding, errors=errors,
                           newline=newline)
-  return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
+  return _opened(path, lambda: builtins.open(path, mode, encoding=encoding, errors=errors,
+                                             newline=newline, opener=opener))
+
+
+class LinkNotFollowedError(OSError):
+  """A write to a path that is a symbolic link: refused, so that a link planted in a workdir
+  cannot send a run's writes (or appends) to a file outside it."""
+
+
+def _no_follow(path: str, flags: int) -> int:
+  return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def _opened(path: str, opening):
+  """`opening()`, with the error of a write refused at a symbolic link named."""
+  try:
+    return opening()
+  except OSError as error:
+    if error.errno == errno.ELOOP and os.path.islink(path):
+      raise LinkNotFollowedError(
+          errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): bert_jax does "
+          "not write through a link it did not make; remove it, or choose another "
+          "directory", path) from None
+    raise
+
+
+def _exclusive_temporary(path: str) -> int:
+  """A new file `path`.tmp open for writing (its descriptor): any file or link already at that
+  name removed first, then created with O_EXCL | O_NOFOLLOW, so the bytes never go through a
+  link planted there (a link planted in between fails the creation instead)."""
+  temporary = path + ".tmp"
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(temporary)
+  return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
 
 
 class RecordWriter:
@@ -317,12 +405,18 @@ def write_text(path: str, text: str) -> None:
     with open(path, "w") as f:
       f.write(text)
     return
+  _write_whole(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _write_whole(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+  """A local file written whole by `write(binary file)`: into a temporary created afresh, never
+  through a link (`_exclusive_temporary`), then renamed over `path`, which replaces a link at
+  `path` (the directory entry) rather than writing to its target. A full disk fails at the
+  flush, with no file name in Python's error: named here, the half-written temporary removed."""
   try:
-    with builtins.open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.write(text)
+    with builtins.open(_exclusive_temporary(path), "wb") as f:
+      write(f)
   except OSError as error:
-    # A full disk fails at the flush, with no file name in Python's error: named here, and the
-    # half-written temporary file removed.
     with contextlib.suppress(OSError):
       os.remove(path + ".tmp")
     raise OSError(error.errno, error.strerror or str(error), path) from error
@@ -335,7 +429,8 @@ def copy(source: str, target: str) -> None:
     if is_url(target):
       _check_landed(target, getsize(source))
   else:
-    shutil.copyfile(source, target)
+    with builtins.open(source, "rb") as f:
+      _write_whole(target, lambda g: shutil.copyfileobj(f, g, 1 << 20))
 
 
 def rename(source: str, target: str) -> None:

@@ -25,10 +25,12 @@ A checkpoint that cannot be restored is one of three cases, told apart before an
 import contextlib
 import dataclasses
 import errno
+import functools
 import importlib.metadata
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -173,6 +175,31 @@ def _version() -> str:
     return "unknown"
 
 
+@functools.lru_cache(maxsize=None)
+def source_revision() -> Optional[str]:
+  """The git commit of the source tree this package runs from, `+changes` when tracked files
+  differ from it; None outside a git checkout (an installed wheel) or without git. The package
+  version alone never tells two states of the code apart."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if not os.path.exists(os.path.join(root, ".git")):
+    return None
+  try:
+    run = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True,
+                                       text=True, timeout=10, check=True).stdout.strip()
+    commit = run("rev-parse", "HEAD")
+    changed = run("status", "--porcelain", "--untracked-files=no")
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return commit + ("+changes" if changed else "")
+
+
+def written_by() -> str:
+  """`bert_jax VERSION` and, from a git checkout, `(git COMMIT[+changes])`: a checkpoint's
+  `written_by`."""
+  revision = source_revision()
+  return f"bert_jax {_version()}" + (f" (git {revision})" if revision else "")
+
+
 def array_shapes(state) -> Dict[str, list]:
   """{array path: [shape, dtype]} of a state or of its abstract form."""
   flat, _ = jax.tree_util.tree_flatten_with_path(state)
@@ -199,7 +226,7 @@ def model_config_of(model) -> Optional[BertConfig]:
 
 def _record(state, model: Optional[Dict[str, Any]]) -> Dict[str, Any]:
   """What a checkpoint says of itself (its `record` item): format, writer, arrays, model."""
-  record = {"format_version": FORMAT_VERSION, "written_by": f"bert_jax {_version()}",
+  record = {"format_version": FORMAT_VERSION, "written_by": written_by(),
             "arrays": array_shapes(state)}
   if model is not None:
     record["model"] = model
@@ -234,11 +261,17 @@ def _array_differences(saved: Dict[str, list], now: Dict[str, list], shown: int 
 
 
 def keep_model_config(config: BertConfig, workdir: str) -> None:
-  """WORKDIR/bert_config.json for a run of `config`: written, after checking that the one an
-  earlier run of this workdir left, if any, describes the same architecture. Compute-only and
-  training-only fields may differ (the file then records this run's); any other difference is
-  a `CheckpointMismatchError` naming the fields, and the file is left as it was (its
-  checkpoints are of that architecture)."""
+  """WORKDIR/bert_config.json for a run of `config`: written, after `check_model_config`."""
+  check_model_config(config, workdir, say=False)   # said when the run's config was checked
+  filesystem.write_text(filesystem.join(workdir, BERT_CONFIG),
+                        config.to_json_string(include_runtime=True))
+
+
+def check_model_config(config: BertConfig, workdir: str, say: bool = True) -> None:
+  """That the WORKDIR/bert_config.json an earlier run of this workdir left, if any, describes
+  the architecture of `config`. Compute-only and training-only fields may differ (said; the
+  file records this run's once written); any other difference is a `CheckpointMismatchError`
+  naming the fields (its checkpoints are of that architecture). Nothing is written."""
   path = filesystem.join(workdir, BERT_CONFIG)
   if filesystem.exists(path):
     saved = BertConfig.from_json_string(filesystem.read_text(path), source=path)
@@ -250,11 +283,10 @@ def keep_model_config(config: BertConfig, workdir: str) -> None:
           "this run). Its checkpoints are of the saved one: run with the same config.model "
           "fields to resume it, or give this run another --workdir. Nothing was changed.")
     changed = _differences(saved.to_dict(), config.to_dict())
-    if changed:
+    if changed and say:
       print(f"{path}: this run's compute-only or training-only model fields differ from the "
             f"earlier run's ({'; '.join(changed)}); the file now records this run's.",
             flush=True)
-  filesystem.write_text(path, config.to_json_string(include_runtime=True))
 
 
 class InputMovedError(FileNotFoundError):
@@ -272,6 +304,9 @@ class DataIteratorHandler(ocp.CheckpointHandler):
 
   def restore(self, directory: epath.Path, args: "DataIteratorRestore"):
     source = directory / f"process_{jax.process_index()}"
+    # A folder of the checkpoint, not a link out of the workdir.
+    filesystem.confined(os.fspath(directory), source.name, held_by=os.fspath(directory),
+                        folder=True)
     if not source.exists():
       # Another process count (the checkpoint holds one state per process that wrote it), not
       # damage: the checkpoint stays where it is.
@@ -446,9 +481,12 @@ class TrainingCheckpointer:
       try:
         return step, self._restore(step, abstract_state, iterator)
       except Exception as error:  # pylint: disable=broad-except  (each kind told apart below)
-        mismatch = _cause(error, CheckpointMismatchError)
-        if mismatch is not None:
-          raise mismatch from None
+        # A mismatch, or a name in the checkpoint's files that leads out of the workdir (an
+        # edited or crafted file, not damage): refused as it is, nothing moved.
+        refused = _cause(error, CheckpointMismatchError) or _cause(error,
+                                                                   filesystem.UnsafeNameError)
+        if refused is not None:
+          raise refused from None
         if not self._proven_damage(step, error):
           raise self._read_error(step, error) from error
         self._set_aside(step, error)
@@ -584,7 +622,7 @@ class TrainingCheckpointer:
       if "fingerprints" in restored:
         check_fingerprints(restored["fingerprints"], restored["state"],
                            filesystem.join(step_dir, "state"))
-    except CheckpointMismatchError:
+    except (CheckpointMismatchError, filesystem.UnsafeNameError):
       raise
     except Exception as error:  # pylint: disable=broad-except  (any read failure: named below)
       if not self._proven_damage(step, error):

@@ -26,9 +26,11 @@ one workdir.
 """
 import contextlib
 import datetime
+import errno
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -48,6 +50,22 @@ Record = Dict[str, Any]
 # among them was left by an earlier run in this interpreter (tests) and is stale.
 _HELD_HERE: set = set()
 
+
+
+# A lock file is one short JSON line: a planted link to an endless file cannot keep a read going.
+_MAX_LOCK_BYTES = 1 << 16
+
+
+def _no_follow(path: str, flags: int) -> int:
+  """`os.open` that never follows a symbolic link at `path` (a link planted in the workdir would
+  otherwise have the lock read, create or write a file outside it): a clear error instead."""
+  try:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+  except OSError as error:
+    if error.errno == errno.ELOOP:
+      raise OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): the "
+                    "workdir's lock never goes through a link; remove it", path) from None
+    raise
 
 class WorkdirInUseError(RuntimeError):
   """Another run holds the workdir's lock; the message names it (host, pid, start, command)."""
@@ -158,7 +176,7 @@ class _LocalStore:
   @contextlib.contextmanager
   def _guarded(self):
     import fcntl
-    fd = os.open(self.guard, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _no_follow(self.guard, os.O_RDWR | os.O_CREAT)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX)
       yield
@@ -167,8 +185,13 @@ class _LocalStore:
 
   def _text(self) -> Optional[str]:
     try:
-      with open(self.path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+      fd = _no_follow(self.path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO: no wait for a writer
+      if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{self.path} is not a regular file (a FIFO, a device or a "
+                      "directory where the workdir's lock belongs): remove it", self.path)
+      with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return f.read(_MAX_LOCK_BYTES)
     except FileNotFoundError:
       return None
 
@@ -184,7 +207,7 @@ class _LocalStore:
     with self._guarded():
       if expected is None:
         try:
-          fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+          fd = _no_follow(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
           return None
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -195,7 +218,10 @@ class _LocalStore:
       if self._text() != expected:
         return None
       temporary = f"{self.path}.{os.getpid()}.tmp"
-      with open(temporary, "w", encoding="utf-8") as f:
+      with contextlib.suppress(FileNotFoundError):   # created afresh, never through a link
+        os.unlink(temporary)
+      fd = _no_follow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

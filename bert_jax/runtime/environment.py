@@ -8,18 +8,25 @@ thousands of steps (the demo's held-out MLM accuracy at step 3,000 was 0.200 on 
 and 0.189 on another with the same versions; README, "The main job"). So every start of a job
 appends one line to `WORKDIR/environment.jsonl`: two runs whose numbers differ can be told apart
 by it, and a resumed run that moved to another machine says so.
+
+The line is written once the run's first job starts training (`recorded_when_started`, around
+the run; `job_started`, from `runtime.job.run` once the checkpoint is restored or the run starts
+fresh): a run refused before that (another architecture, another vocabulary, a held lock)
+leaves the file as it was.
 """
+import contextlib
+import contextvars
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import jax
 
-from bert_jax.io import filesystem
+from bert_jax.io import filesystem, training_checkpoints
 from bert_jax.runtime import outputs
 
 ENVIRONMENT_FILE = "environment.jsonl"
@@ -67,6 +74,7 @@ def describe() -> Dict[str, Any]:
       "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "python": platform.python_version(),
       "packages": _versions(),
+      "bert_jax": training_checkpoints.written_by(),   # the version and the source's commit
       "cpu": _cpu(),
       "backend": jax.default_backend(),
       "devices": {"kind": devices[0].device_kind, "count": len(devices),
@@ -86,6 +94,32 @@ def record(workdir: str) -> Dict[str, Any]:
     # Rewritten whole rather than appended: Cloud Storage objects cannot be appended to.
     filesystem.write_text(path, previous + json.dumps(entry, sort_keys=True) + "\n")
   return entry
+
+
+# The workdir whose environment line the next job to start writes (None: none pending).
+_PENDING: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar(
+    "bert_jax_environment_pending", default=None)
+
+
+@contextlib.contextmanager
+def recorded_when_started(workdir: str) -> Iterator[None]:
+  """Within: the first job that starts training (`job_started`) appends this process's
+  environment to WORKDIR/environment.jsonl; a run that ends before any job starts (refused)
+  writes nothing."""
+  token = _PENDING.set(workdir)
+  try:
+    yield
+  finally:
+    _PENDING.reset(token)
+
+
+def job_started() -> None:
+  """A job starts training (its checkpoint restored or a fresh start, every check passed): the
+  pending environment line is written (once per `recorded_when_started`)."""
+  workdir = _PENDING.get()
+  if workdir is not None:
+    _PENDING.set(None)
+    record(workdir)
 
 
 def read(workdir: str) -> List[Dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from bert_jax.runtime import environment
 from bert_jax.runtime.actions import Action
 from bert_jax.runtime.loop import LoopSettings, Metrics, Throughput, Trainer
 
@@ -57,6 +58,9 @@ class Job:
   eval_first: bool = False                   # a fresh run evaluates its starting point (step 0)
   # (state, par) -> state: where a fresh run starts (a checkpoint's weights); not on resume.
   warm_start: Optional[Callable[[Any, Any], Any]] = None
+  # workdir -> None: the files that describe the run (pre-training's bert_config.json), written
+  # once it is known to run (restored or started fresh): a refused run leaves none behind.
+  record_start: Optional[Callable[[str], None]] = None
   throughput: Throughput = Throughput()
   console_keys: Tuple[str, ...] = ("loss", "learning_rate")
 
@@ -106,6 +110,10 @@ def run(job: Job, workdir: str, par, actions: Tuple[Action, ...] = ()) -> Outcom
     state = trainer.restore(state, model=job.model)
     if not trainer.resumed and job.warm_start is not None:
       state = job.warm_start(state, par)
+    # Every check passed: what describes the run is written now, not before.
+    environment.job_started()
+    if job.record_start is not None:
+      job.record_start(workdir)
     evaluate = job.evaluator(trainer) if job.evaluator is not None else None
     if evaluate is not None and job.eval_first and trainer.start_step == 0:
       trainer.log_eval(0, evaluate(state, 0))

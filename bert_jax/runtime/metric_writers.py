@@ -71,8 +71,9 @@ def _clean(value):
 
 
 def read_metrics(workdir: str, split: Optional[str] = None):
-  """The records of `metrics.jsonl` (skipping a torn last line)."""
-  path = filesystem.join(workdir, METRICS_FILE)
+  """The records of `metrics.jsonl` (skipping a torn last line). A metrics.jsonl that is a link
+out of the workdir, a FIFO or a device is refused (`filesystem.UnsafeNameError`), not read."""
+  path = filesystem.confined(workdir, METRICS_FILE, held_by=workdir)
   records = []
   if not filesystem.exists(path):
     return records

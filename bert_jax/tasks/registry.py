@@ -175,11 +175,10 @@ def run_job(config: ml_collections.ConfigDict, workdir: str) -> Dict:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Dict:
   """What `python -m bert_jax.main` runs: `config.task`'s runner in `workdir`, with the
-  workdir's lock held and the environment recorded (what the numbers depend on beyond the
-  config)."""
+  workdir's lock held; the environment (what the numbers depend on beyond the config) is
+  recorded once its first job starts training, so a refused run changes nothing there."""
   run_task = runner(config.task)
-  with _one_run_per_workdir(workdir):
-    environment.record(workdir)
+  with _one_run_per_workdir(workdir), environment.recorded_when_started(workdir):
     return run_task(config, workdir)
 
 

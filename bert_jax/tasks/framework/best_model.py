@@ -50,17 +50,13 @@ def _best_siblings(directory: str) -> Tuple[str, str, str]:
 
 
 def _recorded_digests(directory: str) -> Dict[str, Dict[str, object]]:
-  """best.json's {file name: digest}. Each name must be a plain file name of best/ (what
-  `_write_best_files` records): a name with a separator or `..` (a best.json edited or from
-  elsewhere) would be read and hashed outside it, so it is refused before any file is opened."""
-  info = filesystem.join(directory, BEST_INFO)
+  """best.json's {file name: digest}. best.json and every name it records are confined to best/
+  (`filesystem.confined`): a name that leads out of it (a best.json edited or from elsewhere)
+  is refused before any file is opened."""
+  info = filesystem.confined(directory, BEST_INFO, held_by=directory)
   recorded = json.loads(filesystem.read_text(info)).get("file_digests") or {}
   for name in recorded:
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-      raise file_digests.DamagedFileError(
-          f"{info}: the entry {name!r} of file_digests is not a file name of {directory} (a "
-          "path outside it, or with a folder): refused, nothing read. best.json was edited or "
-          "copied from elsewhere; save the best model again.")
+    filesystem.confined(directory, name, held_by=info)
   return recorded
 
 

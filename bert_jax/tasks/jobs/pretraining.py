@@ -358,11 +358,11 @@ def _throughput(config) -> Throughput:
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """The config the job runs in `workdir`: `config` (a copy) with the records (and a learned
   vocabulary) of the demo corpus or the text files built into WORKDIR/data filled in
-  (`pretraining_data.prepare`; the workdir made if needed, any filesystem), its model config kept
-  in the workdir (checked against an earlier run's first: its checkpoints)."""
+  (`pretraining_data.prepare`; the workdir made if needed, any filesystem), its model config
+  checked against the one an earlier run kept in the workdir (its checkpoints'); the job writes
+  this run's there once it starts (`Job.record_start`)."""
   config = pretraining_data.prepare(config, workdir)
-  if outputs.is_writer():
-    tc.keep_model_config(bert_config_from(config), workdir)
+  tc.check_model_config(bert_config_from(config), workdir)   # written once the job starts
   return config
 
 
@@ -449,6 +449,12 @@ def _evaluator(config, eval_step_fn):
   return evaluator
 
 
+def _keep_model_config(model_config: BertConfig, workdir: str) -> None:
+  """WORKDIR/bert_config.json, written by process 0 once the job starts (`Job.record_start`)."""
+  if outputs.is_writer():
+    tc.keep_model_config(model_config, workdir)
+
+
 def make_job(config: ml_collections.ConfigDict) -> Job:
   """The pre-training job `config` describes (runtime.job): what trains, what `--compile_for`
   compiles and what the benchmarks time. Nothing is read until the job runs."""
@@ -483,6 +489,7 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
                                     bert_config_from(config), tx,
                                     tiling=config.init_tiling)
                   if config.init_checkpoint else None),
+      record_start=functools.partial(_keep_model_config, bert_config_from(config)),
       throughput=_throughput(config),
       console_keys=("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "batch_size"))
 
