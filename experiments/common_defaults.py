@@ -108,8 +108,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.preemption_grace_seconds = 30.0
   # A step (or the wait for its batch) longer than this dumps every thread's stack to stderr and
   # WORKDIR/watchdog_stacks.process_<i>.txt and exits with status 124; from the second step of a
-  # run on (compilation does not count). 0 = off.
-  c.step_timeout_seconds = 0.0
+  # run on (compilation does not count). 0 = off. The default is far above any healthy step
+  # (seconds on an accelerator, minutes for BERT-large on a CPU): it ends only a hang.
+  c.step_timeout_seconds = 3600.0
+  # The same for an evaluation or a checkpoint save (a whole SQuAD dev set on a CPU is well
+  # under an hour; a save on a store that never answers is not). 0 = off.
+  c.pause_timeout_seconds = 21600.0
   # "START,COUNT": a jax.profiler trace of steps START+1..START+COUNT in WORKDIR/profile
   # (TensorBoard's profile plugin, Perfetto); "" for none.
   c.profile_steps = ""

@@ -234,3 +234,24 @@ def test_a_save_that_fits_has_no_warning(capsys):
   captured = capsys.readouterr()
   assert "Preempted: checkpoint at step 3 saved in 0.1 s" in captured.out
   assert "grace period 30 s" in captured.out and "WARNING" not in captured.err
+
+
+def test_notices_are_polled_on_every_google_cloud_vm_and_nowhere_else(tmp_path, monkeypatch):
+  """A GCE VM of any kind (TPU, GPU, CPU) is told by its DMI product name, read locally; a
+  machine that is none (and names no server) polls nothing."""
+  from bert_jax.runtime import cluster
+  gce, other = tmp_path / "gce", tmp_path / "other"
+  gce.write_text("Google Compute Engine\n")
+  other.write_text("Standard PC (Q35 + ICH9, 2009)\n")
+  assert cluster.on_google_cloud(str(gce))
+  assert not cluster.on_google_cloud(str(other))
+  assert not cluster.on_google_cloud(str(tmp_path / "absent"))
+  for name in ("GCE_METADATA_IP", "GCE_METADATA_HOST", "TPU_SKIP_MDS_QUERY"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(cluster, "has_tpu_chips", lambda: False)   # a GPU or CPU VM
+  monkeypatch.setattr(cluster, "DMI_PRODUCT_NAME", str(other))
+  assert not preemption.notices_expected()
+  monkeypatch.setattr(cluster, "DMI_PRODUCT_NAME", str(gce))
+  assert preemption.notices_expected()
+  monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "1")
+  assert not preemption.notices_expected()

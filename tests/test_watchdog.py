@@ -114,9 +114,33 @@ def test_steps_in_flight_are_timed_one_by_one_as_they_finish():
   assert watchdog.overdue(t3 + 1.5).startswith("no batch for step 4")
 
 
-def test_off_by_default():
-  assert loop.LoopSettings(num_steps=1).step_timeout_seconds == 0
-  watchdog = actions.StepWatchdog(0, "/nonexistent")
+def test_an_evaluation_or_a_save_is_watched_with_its_own_bound():
+  """A pause (evaluation, checkpoint save) does not count against the step bound; past
+  `pause_seconds` it is late itself, named by its own field."""
+  watchdog = actions.StepWatchdog(1.0, "/nonexistent", process_index=0, pause_seconds=5.0)
+  watchdog.pause()
+  t0 = time.monotonic()
+  assert watchdog.overdue(t0 + 4.0) is None
+  late = watchdog.overdue(t0 + 6.0)
+  assert late and late.startswith("an evaluation or a checkpoint save has not finished") and \
+      "config.pause_timeout_seconds=5" in late, late
+  watchdog.resume()
+  assert watchdog.overdue(time.monotonic()) is None
+  unwatched = actions.StepWatchdog(1.0, "/nonexistent", process_index=0)   # pause_seconds=0
+  unwatched.pause()
+  assert unwatched.overdue(time.monotonic() + 1e6) is None
+
+
+def test_on_by_default_with_bounds_no_healthy_run_meets():
+  from experiments import common_defaults
+  settings = loop.LoopSettings(num_steps=1)
+  assert (settings.step_timeout_seconds, settings.pause_timeout_seconds) == (3600.0, 21600.0)
+  config = common_defaults.get_config()
+  assert (config.step_timeout_seconds, config.pause_timeout_seconds) == (3600.0, 21600.0)
+
+
+def test_off_when_both_bounds_are_0():
+  watchdog = actions.StepWatchdog(0, "/nonexistent", pause_seconds=0)
   watchdog.start(0)
   assert not watchdog.enabled
   assert "step-watchdog" not in [t.name for t in threading.enumerate()]

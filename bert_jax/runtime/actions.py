@@ -214,7 +214,7 @@ WATCHDOG_EXIT_STATUS = 124   # as coreutils' `timeout`: the command ran out of t
 
 
 class StepWatchdog(Action):
-  """`config.step_timeout_seconds` (0: off): a host stuck in a step (a collective whose partner
+  """`config.step_timeout_seconds` (default 3,600; 0: off): a host stuck in a step (a collective whose partner
   hangs while its heartbeat goes on, a device that stops) or in the wait for the next batch (a
   dead input thread, a store that never answers) would hang the whole slice for good. Past the
   bound the watchdog writes the stacks of all threads (faulthandler) to stderr and to
@@ -227,11 +227,16 @@ class StepWatchdog(Action):
   bound of the moment it could start (its dispatch, or the end of the step before). With no
   step in flight, the loop itself must dispatch the next one within the bound (its batch, the
   logging between). It starts once the first step of the run has finished, so compilation and
-  a first step of any length do not count; evaluations and checkpoints do not count either
-  (the loop pauses its actions around them)."""
+  a first step of any length do not count. Evaluations and checkpoint saves (the loop pauses
+  its actions around them) are watched with their own bound, `pause_seconds`
+  (`config.pause_timeout_seconds`, default 21,600; 0 leaves them unwatched) once the loop
+  runs: an evaluation or a save stuck on a store that never answers ends the same way."""
 
-  def __init__(self, seconds: float, workdir: str, process_index: Optional[int] = None):
+  def __init__(self, seconds: float, workdir: str, process_index: Optional[int] = None,
+               pause_seconds: float = 0.0):
     self.seconds, self.workdir = float(seconds or 0), workdir
+    self.pause_seconds = float(pause_seconds or 0)
+    self._paused_at: Optional[float] = None
     self.process_index = process_index
     self._lock = threading.Lock()
     self._in_flight = collections.deque()   # (step, an output array, dispatched at)
@@ -244,7 +249,7 @@ class StepWatchdog(Action):
 
   @property
   def enabled(self) -> bool:
-    return self.seconds > 0
+    return self.seconds > 0 or self.pause_seconds > 0
 
   def start(self, step: int) -> None:
     if not self.enabled:
@@ -279,13 +284,13 @@ class StepWatchdog(Action):
   def pause(self) -> None:
     if self.enabled:
       with self._lock:
-        self._paused = True
+        self._paused, self._paused_at = True, time.monotonic()
         self._in_flight.clear()   # the loop waited for every step before pausing
 
   def resume(self) -> None:
     if self.enabled:
       with self._lock:
-        self._paused, self._last_event = False, time.monotonic()
+        self._paused, self._paused_at, self._last_event = False, None, time.monotonic()
         self._last_done = self._last_event
 
   def end(self, step: int) -> None:
@@ -297,7 +302,7 @@ class StepWatchdog(Action):
   # ---------------------------------------------------------------------------- the thread
 
   def _watch(self) -> None:
-    tick = min(1.0, self.seconds / 4)
+    tick = min(1.0, min(b for b in (self.seconds, self.pause_seconds) if b > 0) / 4)
     while not self._stop.wait(tick):
       late = self.overdue(time.monotonic())
       if late:
@@ -309,7 +314,13 @@ class StepWatchdog(Action):
       while self._in_flight and _ready(self._in_flight[0][1]):
         self._in_flight.popleft()
         self._armed, self._last_done = True, now
-      if not self._armed or self._paused:
+      if self._paused:
+        if self.pause_seconds and now - self._paused_at > self.pause_seconds:
+          return (f"an evaluation or a checkpoint save has not finished "
+                  f"{now - self._paused_at:.0f} s after it began, more than "
+                  f"config.pause_timeout_seconds={self.pause_seconds:g}")
+        return None
+      if not self._armed or not self.seconds:
         return None
       if self._in_flight:
         step, _, dispatched = self._in_flight[0]
@@ -326,8 +337,10 @@ class StepWatchdog(Action):
     return None
 
   def _fire(self, late: str) -> None:
-    print(f"\n!!! Step watchdog: {late}, more than config.step_timeout_seconds="
-          f"{self.seconds:g}. Stacks of every thread follow (also in {self._stacks_path()}); "
+    if "pause_timeout_seconds" not in late:
+      late += f", more than config.step_timeout_seconds={self.seconds:g}"
+    print(f"\n!!! Step watchdog: {late}. Stacks of every thread follow (also in "
+          f"{self._stacks_path()}); "
           f"the process exits with status {WATCHDOG_EXIT_STATUS}, and the same command "
           "resumes from the newest checkpoint.", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -344,14 +357,14 @@ class StepWatchdog(Action):
     path = self._stacks_path()
     if "://" not in path:
       with open(path, "w", encoding="utf-8") as f:
-        f.write(f"Step watchdog: {late} (config.step_timeout_seconds={self.seconds:g})\n")
+        f.write(f"Step watchdog: {late}\n")
         f.flush()
         faulthandler.dump_traceback(file=f, all_threads=True)
       return
     # A remote workdir: faulthandler writes to a real file, then a copy that may not hang the
     # exit (the store can be what is stuck).
     with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
-      f.write(f"Step watchdog: {late} (config.step_timeout_seconds={self.seconds:g})\n")
+      f.write(f"Step watchdog: {late}\n")
       f.flush()
       faulthandler.dump_traceback(file=f, all_threads=True)
     copier = threading.Thread(target=filesystem.copy, args=(f.name, path), daemon=True)

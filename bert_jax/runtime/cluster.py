@@ -106,6 +106,21 @@ def has_tpu_chips(pci_root: str = PCI_ROOT) -> bool:
   return bool(tpu_chips(pci_root))
 
 
+# Where Linux shows the machine's product: "Google Compute Engine" on every GCE VM (TPU, GPU
+# and CPU VMs alike), Google's own documented way to tell a GCE VM without a network call.
+DMI_PRODUCT_NAME = "/sys/class/dmi/id/product_name"
+
+
+def on_google_cloud(product_file: Optional[str] = None) -> bool:
+  """True on a Google Compute Engine VM (its DMI product name), read from a local file: no cost
+  and no network call anywhere else."""
+  try:
+    with open(product_file or DMI_PRODUCT_NAME, encoding="ascii", errors="replace") as f:
+      return f.read().strip().startswith("Google")
+  except OSError:
+    return False
+
+
 # ---------------------------------------------------------------------------- metadata server
 
 class MetadataUnreachable(OSError):

@@ -27,7 +27,7 @@ Cross-cutting work hangs on the loop as actions (`runtime.actions`): the trainin
 (`train_seconds`, paused during evaluations and checkpoints, saved with them), the throughput
 window, the abort after `max_consecutive_skips` non-finite steps in a row (they are skipped on
 the device, `runtime.step`), the profiler (`config.profile_steps`), the step watchdog
-(`config.step_timeout_seconds`), and the job's own (`Job.actions`, which `runtime.job.run`
+(`config.step_timeout_seconds`), and the run's own (`actions`, which `runtime.job.run`
 passes as `Trainer(..., actions=...)`), called after those at each point.
 """
 import dataclasses
@@ -61,7 +61,8 @@ class LoopSettings:
   async_checkpointing: bool = False
   profile_steps: str = ""             # "START,COUNT": a profiler trace in WORKDIR/profile
   preemption_grace_seconds: float = 30.0   # notice -> kill: what a preemption save must fit
-  step_timeout_seconds: float = 0.0   # a step past it: stacks dumped, exit 124 (0: off)
+  step_timeout_seconds: float = 3600.0   # a step past it: stacks dumped, exit 124 (0: off)
+  pause_timeout_seconds: float = 21600.0  # an evaluation or a save past it: the same (0: off)
 
   @classmethod
   def from_config(cls, config, num_steps: int, **overrides) -> "LoopSettings":
@@ -99,7 +100,8 @@ class Trainer:
     self.actions = [self.clock, ThroughputWindow(self.clock, throughput),
                     NonFiniteAbort(name, par, settings.max_consecutive_skips),
                     Profiler(settings.profile_steps, workdir),
-                    StepWatchdog(settings.step_timeout_seconds, workdir), *actions]
+                    StepWatchdog(settings.step_timeout_seconds, workdir,
+                                 pause_seconds=settings.pause_timeout_seconds), *actions]
 
   # ------------------------------------------------------------------------------- restore
 

@@ -1,9 +1,10 @@
-"""Preemption: a notice (SIGTERM, or the metadata server on a TPU VM) makes the loop save a
-checkpoint at a step boundary and exit 0, timed against the grace period.
+"""Preemption: a notice (SIGTERM, or the metadata server on a Google Cloud VM) makes the loop
+save a checkpoint at a step boundary and exit 0, timed against the grace period.
 
 Notices:
 * SIGTERM, on one process or several;
-* on a TPU VM (or wherever `GCE_METADATA_IP` / `GCE_METADATA_HOST` names a metadata server: a
+* on a Google Cloud VM of any kind, TPU, GPU or CPU (its DMI product name, read locally), or
+  wherever `GCE_METADATA_IP` / `GCE_METADATA_HOST` names a metadata server: a
   loopback stand-in in the tests), the metadata server's `instance/preempted` turning `TRUE`
   (a Spot or preemptible VM about to go) and `instance/maintenance-event` turning
   `TERMINATE_ON_HOST_MAINTENANCE`, polled every second in a background thread. Both feed the
@@ -131,10 +132,12 @@ class NoticePoller:
 
 
 def notices_expected() -> bool:
-  """The metadata server is worth asking: a TPU VM (unless jax was told not to ask it,
-  TPU_SKIP_MDS_QUERY), or a server named in the environment."""
-  tpu_vm = cluster.has_tpu_chips() and os.environ.get("TPU_SKIP_MDS_QUERY") is None
-  return tpu_vm or cluster.metadata_explicit()
+  """The metadata server is worth asking: a Google Cloud VM of any kind (TPU, GPU or CPU: its
+  DMI product name; unless told not to ask it, TPU_SKIP_MDS_QUERY), or a server named in the
+  environment. Elsewhere nothing is polled and nothing costs."""
+  on_gce = ((cluster.on_google_cloud() or cluster.has_tpu_chips())
+            and os.environ.get("TPU_SKIP_MDS_QUERY") is None)
+  return on_gce or cluster.metadata_explicit()
 
 
 # ------------------------------------------------------------------------------ the notice
