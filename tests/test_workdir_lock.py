@@ -269,6 +269,88 @@ def test_an_unreadable_lock_file_is_taken_over(tmp_path):
   assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
 
 
+def test_a_lock_copied_with_its_workdir_holds_nothing_in_the_copy(tmp_path):
+  """A copy made while the source runs carries the source's lock.json: written for another
+  workdir (its real path, device and inode), it is taken over at once, without waiting out the
+  source's lease; the source's own lock is untouched."""
+  import shutil
+  source = tmp_path / "source"
+  source.mkdir()
+  held = workdir_lock.acquire(str(source), lease=3600, say=lambda text: None)
+  try:
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    said = []
+    began = time.time()
+    lock = workdir_lock.acquire(str(copy), lease=3600, say=said.append)
+    assert time.time() - began < 10
+    assert said and "written for another workdir" in said[0] and str(source) in said[0], said
+    lock.release()
+    with open(source / workdir_lock.LOCK_FILE) as f:
+      assert json.load(f)["token"] == held.holder["token"]
+  finally:
+    held.release()
+
+
+def test_the_copy_rule_compares_local_identities_on_the_holder_s_machine_only():
+  elsewhere = {"token": "t", "lease_secs": 3600, "renewed": time.time(), "pid": 1,
+               "machine": "another machine", "workdir_id": "/a@1:2"}
+  assert workdir_lock._stale(elsewhere, "/b@1:3") is None   # its paths mean nothing here
+  here = dict(elsewhere, machine=workdir_lock._machine())
+  assert "another workdir" in workdir_lock._stale(here, "/b@1:3")
+  on_gs = dict(elsewhere, workdir_id="gs://b/run")   # one namespace everywhere
+  assert "another workdir" in workdir_lock._stale(on_gs, "gs://b/copy")
+
+
+def _skewed_holder(workdir, lease, renew):
+  """A lock on gs:// whose holder's clock is 1,000 s behind: its `renewed` always looks long
+  past. `renew`: a thread keeps renewing it (a new generation every lease / 6), as a live
+  holder does; returns a function that stops it."""
+  import threading
+  store = workdir_lock._CloudStore(workdir)
+  record = dict(workdir_lock._new_record(workdir, lease), renewed=time.time() - 1000,
+                machine="another machine", workdir_id=workdir)
+  version = store.write(record, None)
+  assert version is not None
+  stop = threading.Event()
+
+  def renewing():
+    current = version
+    while not stop.wait(lease / 6):
+      current = store.write(dict(record, renewed=time.time() - 1000), current)
+
+  if renew:
+    threading.Thread(target=renewing, daemon=True).start()
+  return stop.set
+
+
+def test_on_gs_a_live_lock_is_not_taken_over_whatever_its_holder_s_clock_says(
+    tmp_path, emulator_url, monkeypatch):
+  """Cloud Storage: staleness is judged by the lock's generation watched with this run's own
+  clock, never by the holder's: a live holder whose clock is behind keeps its lock (a new
+  generation seen: refused); a dead one is taken over once its generation stayed one lease."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator_url)
+  lease = 3.0
+  live = f"gs://{_bucket()}/{tmp_path.name}/live"
+  stop = _skewed_holder(live, lease, renew=True)
+  try:
+    began = time.time()
+    with pytest.raises(workdir_lock.WorkdirInUseError, match="is in use by another run"):
+      workdir_lock.acquire(live, lease=lease, say=lambda text: None)
+    assert time.time() - began < 3 * lease
+  finally:
+    stop()
+  dead = f"gs://{_bucket()}/{tmp_path.name}/dead"
+  _skewed_holder(dead, lease, renew=False)
+  said = []
+  began = time.time()
+  lock = workdir_lock.acquire(dead, lease=lease, say=said.append)
+  waited = time.time() - began
+  lock.release()
+  assert lease <= waited < 6 * lease, waited
+  assert any("its version unchanged while this run watched it" in line for line in said), said
+
+
 def test_a_bad_lease_setting_is_named(monkeypatch, tmp_path):
   monkeypatch.setenv(workdir_lock.LEASE_ENV, "3 min")
   with pytest.raises(ValueError, match=f"{workdir_lock.LEASE_ENV}='3 min' is not a number"):

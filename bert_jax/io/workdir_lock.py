@@ -7,10 +7,17 @@ error naming the holder.
 
 A run killed with `kill -9` cannot remove its lock, so a lock is a lease: the holder's heartbeat
 thread rewrites it every `lease / 6` seconds (30 s by default), and a lock not renewed for
-`lease` seconds (`BERT_JAX_WORKDIR_LOCK_LEASE_SECS`, default 180) is stale and taken over. On the
-holder's own machine a holder process that no longer runs is stale at once, so the same command
-run again after a kill starts straight away. A lock renewed lately is refused at once; one whose
-renewal is overdue is waited for until it is renewed (refused) or its lease runs out (taken over).
+`lease` seconds (`BERT_JAX_WORKDIR_LOCK_LEASE_SECS`, default 180) is stale and taken over. On
+Cloud Storage "not renewed" is seen, not read off the holder's clock: the lock's generation
+unchanged for a lease while the contender watches it with its own monotonic clock (a holder whose
+clock is skewed keeps a live lock). On the holder's own machine a holder process that no longer
+runs is stale at once, so the same command run again after a kill starts straight away. A lock
+renewed lately (or seen renewed) is refused at once; one whose renewal is overdue is waited for
+until it is renewed (refused) or its lease runs out (taken over).
+
+A lock knows its workdir (`workdir_identity`: the gs:// path; locally the real path, device and
+inode of the directory, which a copy gets afresh): a lock.json copied with a workdir from a
+running source holds nothing in the copy, which takes it over at once.
 
 Every change of the lock is a compare-and-swap, so two contenders never both win:
 * Cloud Storage (`gs://`): object generations, through the google-cloud-storage client (which
@@ -128,13 +135,25 @@ def _running(record: Record) -> bool:
   return state != "Z" and record.get("pid_start") in (None, started)
 
 
+def workdir_identity(workdir: str) -> str:
+  """What tells this workdir from a copy of it: on Cloud Storage its path (one namespace for
+  every machine); locally its real path and its directory's device and inode, which a copy
+  gets afresh (and which mean something on this machine only: `_stale` compares them there)."""
+  if "://" in workdir and not workdir.startswith("file://"):
+    return workdir.rstrip("/")
+  local = workdir[len("file://"):] if workdir.startswith("file://") else workdir
+  info = os.stat(local)
+  return f"{os.path.realpath(local)}@{info.st_dev}:{info.st_ino}"
+
+
 def _new_record(workdir: str, lease: float) -> Record:
   process = _process_start(os.getpid())
   return {"host": socket.gethostname(), "pid": os.getpid(),
           "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
           "renewed": time.time(), "lease_secs": lease, "token": uuid.uuid4().hex,
           "machine": _machine(), "pid_start": process[1] if process else None,
-          "workdir": workdir, "command": " ".join(sys.argv)}
+          "workdir": workdir, "workdir_id": workdir_identity(workdir),
+          "command": " ".join(sys.argv)}
 
 
 def describe(record: Record) -> str:
@@ -150,14 +169,29 @@ def _age(record: Record) -> float:
   return time.time() - float(record.get("renewed", 0))
 
 
-def _stale(record: Optional[Record]) -> Optional[str]:
-  """Why a lock may be taken over, or None while its holder may still be running."""
+def _stale(record: Optional[Record], identity: str,
+           unchanged_for: Optional[float] = None) -> Optional[str]:
+  """Why a lock may be taken over, or None while its holder may still be running.
+
+  `identity`: this workdir's (`workdir_identity`); a lock written for another (copied with the
+  workdir) holds nothing here. `unchanged_for`: on a store with versions (Cloud Storage's
+  generations), how long this process has seen the lock's version unchanged, by its own
+  monotonic clock: then the lease is judged by that alone, never by the holder's clock (a
+  skewed clock must not let a live lock be taken)."""
   if record is None:
     return "the lock file does not hold a lock (unreadable)"
+  recorded = record.get("workdir_id")
+  global_id = "@" not in identity   # a gs:// path: the same for every machine
+  if recorded and recorded != identity and (global_id or record.get("machine") == _machine()):
+    return (f"it was written for another workdir ({recorded}): copied here with the workdir, "
+            "it holds nothing")
   lease = float(record.get("lease_secs", DEFAULT_LEASE_SECS))
-  age = _age(record)
-  if age > lease:
-    return f"not renewed for {age:.0f} s, longer than its lease of {lease:.0f} s"
+  if unchanged_for is not None:
+    if unchanged_for > lease:
+      return (f"not renewed for {unchanged_for:.0f} s (its version unchanged while this run "
+              f"watched it), longer than its lease of {lease:.0f} s")
+  elif _age(record) > lease:
+    return f"not renewed for {_age(record):.0f} s, longer than its lease of {lease:.0f} s"
   if record.get("machine") == _machine() and not _running(record):
     return "its process no longer runs on this machine"
   return None
@@ -168,6 +202,8 @@ def _stale(record: Optional[Record]) -> Optional[str]:
 
 class _LocalStore:
   """lock.json on a local (or mounted) filesystem; a version is the file's exact text."""
+
+  versioned = False   # one machine's clock: the holder's `renewed` is compared with it
 
   def __init__(self, workdir: str):
     self.path = lock_path(workdir)
@@ -236,6 +272,8 @@ class _LocalStore:
 
 class _CloudStore:
   """lock.json as a Cloud Storage object; a version is the object's generation."""
+
+  versioned = True   # generations: a renewal is seen, not read off another clock
 
   def __init__(self, workdir: str):
     from google.cloud import storage
@@ -387,7 +425,9 @@ def acquire(workdir: str, lease: Optional[float] = None,
   workdir = os.fspath(workdir)
   store = _store(workdir)
   record = _new_record(workdir, lease_secs() if lease is None else float(lease))
+  identity = record["workdir_id"]
   said_wait = False
+  watched, watched_since = None, 0.0   # the holder's version this run saw first, and when
   while True:
     record["renewed"] = time.time()
     version = store.write(record, None)
@@ -399,7 +439,11 @@ def acquire(workdir: str, lease: Optional[float] = None,
     holder, version = current
     if holder is not None and holder.get("token") == record["token"]:
       return Lock(store, record, version, say)   # our create landed; its answer did not
-    reason = _stale(holder)
+    renewed_while_watched = watched is not None and version != watched
+    if watched is None or renewed_while_watched:
+      watched, watched_since = version, time.monotonic()
+    reason = _stale(holder, identity,
+                    time.monotonic() - watched_since if store.versioned else None)
     if reason:
       record["renewed"] = time.time()
       taken = store.write(record, version)
@@ -410,6 +454,8 @@ def acquire(workdir: str, lease: Optional[float] = None,
       continue   # another contender was first (or our answer was lost): look again
     lease_of_holder = float(holder.get("lease_secs", DEFAULT_LEASE_SECS))
     age = _age(holder)
+    if renewed_while_watched and store.versioned:
+      age = 0.0   # renewed while this run watched it: in use, whatever the clocks say
     if age < 2 * lease_of_holder / RENEWALS_PER_LEASE:
       raise WorkdirInUseError(
           f"{workdir} is in use by another run: {describe(holder)}; its lock ({store.path}) was "
@@ -420,6 +466,8 @@ def acquire(workdir: str, lease: Optional[float] = None,
           f"({LEASE_ENV}).")
     # Its renewals are overdue: the holder may be gone (another machine) or slow. Wait until it
     # renews (in use: refused above) or its lease runs out (stale: taken over).
+    if store.versioned:   # the lease counted from when this run first saw the version
+      age = time.monotonic() - watched_since
     if not said_wait:
       say(f"The workdir lock {store.path} of {describe(holder)} was last renewed {age:.0f} s "
           f"ago: waiting up to {max(lease_of_holder - age, 0):.0f} s for its lease to run out.")
