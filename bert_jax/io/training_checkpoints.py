@@ -37,12 +37,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from orbax.checkpoint._src.serialization import tensorstore_utils as orbax_tensorstore
 
-from bert_jax.io import filesystem, remote_storage
+from bert_jax.io import file_digests, filesystem, remote_storage
 from bert_jax.model.config import BertConfig
 
 BERT_CONFIG = "bert_config.json"
@@ -368,14 +369,20 @@ class TrainingCheckpointer:
     # The architecture of the model trained (`restore_latest`'s `model`), recorded with each save.
     self._model: Optional[Dict[str, Any]] = None
     self._manager = self._new_manager()
+    # Steps read back and found whole (`_verify`); what an earlier run left counts as verified
+    # (it verified them, or they predate verification). Only these count toward `keep`.
+    self._verified: List[int] = sorted(self._manager.all_steps())
+    self._unverified: List[Tuple[int, Dict[str, Any]]] = []   # (step, its fingerprints)
 
   def _new_manager(self) -> ocp.CheckpointManager:
     _guard_makedirs(self.directory)
     # A step's directories are made before `save` returns, not in the background: made there, a
     # failure (a storage outage) never sent the signal the iterator's blocking save waits for,
     # and the run sat idle for Orbax's whole async timeout (20 minutes) before the error.
+    # Nothing is deleted by Orbax: an older checkpoint goes only once a newer one was read back
+    # whole (`_verify`, `_delete_old`).
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=self._keep, create=True, enable_async_checkpointing=self._async,
+        max_to_keep=None, create=True, enable_async_checkpointing=self._async,
         cleanup_tmp_directories=True,
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     return _CheckpointManager(epath.Path(self.directory), options=options,
@@ -399,8 +406,73 @@ class TrainingCheckpointer:
       items["data"] = DataIteratorSave(iterator)
     if train_seconds is not None:
       items["clock"] = ocp.args.JsonSave({"train_seconds": float(train_seconds)})
+    if self._unverified:   # the save before this one (async) is read back before a new one
+      self.wait()
     with self._write_errors(step):
-      return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+      saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+    if saved:
+      self._unverified.append((step, prints))
+      if not self._async:
+        self._verify_pending()
+    return saved
+
+  def _verify_pending(self) -> None:
+    """Every finished save not yet read back: verified (`_verify`), then the old ones beyond
+    `keep` deleted (`_delete_old`)."""
+    while self._unverified:
+      step, prints = self._unverified.pop(0)
+      self._verify(step, prints)
+      self._verified.append(step)
+    self._delete_old()
+
+  def _verify(self, step: int, prints: Dict[str, Any]) -> None:
+    """The checkpoint of `step` read back from the store, as every later restore would read it:
+    its arrays (to host memory) against the fingerprints of the state that was saved, its input
+    position's files against their recorded digests. A store that accepted an object and lost
+    it, or kept other bytes, fails here, before any older checkpoint is deleted: a
+    `CheckpointWriteError` naming the step and the newest verified checkpoint, which is kept."""
+    step_dir = filesystem.join(self.directory, str(step))
+    try:
+      state_dir = filesystem.join(step_dir, "state")
+      reader = ocp.PyTreeCheckpointHandler()
+      try:
+        saved = reader.metadata(epath.Path(state_dir))
+        saved = getattr(saved, "tree", saved)
+        host = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
+        restored = reader.restore(epath.Path(state_dir),
+                                  args=ocp.args.PyTreeRestore(restore_args=host))
+      finally:
+        reader.close()
+      missing = sorted(set(prints) - set(fingerprints(restored)))
+      if missing:
+        raise CheckpointDamagedError(f"{len(missing)} arrays saved are not in {state_dir} "
+                                     f"(first: {missing[0]})")
+      check_fingerprints(prints, restored, state_dir)
+      position = filesystem.join(step_dir, "data", f"process_{jax.process_index()}",
+                                 "position.json")
+      if filesystem.exists(position):
+        record = json.loads(filesystem.read_text(position))
+        file_digests.check(filesystem.dirname(position), record.get("state", {}), position)
+    except Exception as error:  # pylint: disable=broad-except  (whatever did not read back)
+      newest = max(self._verified) if self._verified else None
+      kept = (f"the newest verified checkpoint, step {newest}, is kept and the same command "
+              "resumes from it" if newest is not None else
+              "there is no verified checkpoint before it: the same command starts from step 0")
+      raise CheckpointWriteError(
+          f"The checkpoint at step {step} in {self.directory} did not read back whole after it "
+          f"was written ({_causes(error)}): the store lost or changed what it accepted. No "
+          f"older checkpoint was deleted: {kept}.") from error
+
+  def _delete_old(self) -> None:
+    """All but the newest `keep` verified checkpoints (never the newest verified one)."""
+    if not self._keep:
+      return
+    keep = max(self._keep, 1)
+    present = set(self._manager.all_steps())
+    for step in self._verified[:-keep]:
+      if step in present:   # every process calls it: Orbax deletes on one and syncs them all
+        self._manager.delete(step)
+    self._verified = self._verified[-keep:]
 
   def _refuse_non_finite(self, step: int, paths: List[str], total: int) -> None:
     # Refused, and the run stops with the error (a non-zero exit) rather than skipping this save
@@ -419,8 +491,10 @@ class TrainingCheckpointer:
         "if the run diverges at the same place).")
 
   def wait(self) -> None:
+    """Until the last save is written, read back and verified (and older ones deleted)."""
     with self._write_errors(self._manager.latest_step()):
       self._manager.wait_until_finished()
+    self._verify_pending()
 
   @contextlib.contextmanager
   def _write_errors(self, step):
@@ -453,8 +527,10 @@ class TrainingCheckpointer:
           "from it.") from None
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
 
   # ------------------------------------------------------------------------------- restore
 

@@ -163,3 +163,36 @@ def test_a_saved_model_export_whose_file_the_store_lost_exits_1_naming_it(emulat
       "saved_model.pb", "fingerprint.pb", "variables/variables.index",
       "variables/variables.data-00000-of-00001", "assets/vocab.txt", "signature.json")} <= names
   assert not _objects(emulator, "export_kept.partial/")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_store_lost_is_caught_before_an_older_one_is_deleted(emulator):
+  """Pre-training on gs:// with keep_checkpoints=1, the store losing the array data of the
+  step-4 checkpoint after accepting it: the run reads each checkpoint back before deleting an
+  older one, so it stops naming step 4 with step 2 still there (Orbax alone had deleted it:
+  nothing complete left); the same command against a store that keeps its objects resumes from
+  step 2 and ends."""
+  prefix = "lost_checkpoint"
+  workdir = f"gs://{BUCKET}/{prefix}"
+  overrides = ("--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
+               "--config.keep_checkpoints=1", "--config.eval_every_steps=0",
+               "--config.data.demo_max_documents=50")
+
+  def main(store_url):
+    return subprocess.run(demo_runs.command(workdir, *overrides), cwd=demo_runs.ROOT,
+                          env=_env(store_url), capture_output=True, text=True, timeout=600)
+
+  with lossy_store(emulator, rf"^{prefix}/checkpoints/4/state/(.*/)?d/") as store:
+    run = main(store.url)
+    lost = list(store.lost)
+  assert lost, "the store lost nothing of step 4's arrays"
+  assert run.returncode != 0, run.stdout[-3000:]
+  assert ("The checkpoint at step 4" in run.stderr and "did not read back whole" in run.stderr
+          and "the newest verified checkpoint, step 2, is kept" in run.stderr), run.stderr[-3000:]
+  steps = {name.split("/")[2] for name in _objects(emulator, f"{prefix}/checkpoints/")} - {""}
+  assert "2" in steps, steps   # the older checkpoint was not deleted
+  again = main(emulator)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "step 2" in again.stdout + again.stderr
+  steps = {name.split("/")[2] for name in _objects(emulator, f"{prefix}/checkpoints/")} - {""}
+  assert steps == {"6"}, steps   # keep_checkpoints=1 once the last one read back whole
