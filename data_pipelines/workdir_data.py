@@ -144,6 +144,8 @@ def prepare(workdir: str, corpus: Corpus, settings: Settings,
     _wait_for(done)
   elif not filesystem.exists(done):
     _build(paths, data_dir, corpus, settings, vocabulary)
+  # Every file the run reads from here a regular file of the folder (no link out, no FIFO).
+  filesystem.check_tree(data_dir, held_by=data_dir)
   _check_instances(paths["train.tfrecord"], settings.instances)
   _check_vocabulary(done, data_dir, vocabulary)
   if vocabulary.path:

@@ -57,7 +57,8 @@ def test_the_metric_writer_refuses_a_metrics_file_linked_out_of_the_workdir(plan
   from bert_jax.runtime.metric_writers import MetricWriter
   workdir, outside = planted
   os.symlink(outside, workdir / "metrics.jsonl")
-  with pytest.raises(filesystem.UnsafeNameError, match=r"'metrics\.jsonl' leads out of"):
+  with pytest.raises(filesystem.UnsafeNameError,
+                     match=r"'metrics\.jsonl' \(.*/metrics\.jsonl\) leads out of"):
     MetricWriter(str(workdir), resume_step=0)
   assert outside.read_text() == "kept"
 

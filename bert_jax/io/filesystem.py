@@ -150,10 +150,11 @@ def confined(directory: str, name, held_by: str, folder: bool = False) -> str:
   on a FIFO or read `/dev/zero` until killed."""
 
   def refuse(why: str):
+    where = f" ({directory.rstrip('/')}/{name})" if isinstance(name, str) and name else ""
     raise UnsafeNameError(
-        f"{held_by}: the name {name!r} {why}: refused, nothing read. The file was edited or "
-        "comes from elsewhere; restore it from the run that wrote it, or start again in a new "
-        "directory.")
+        f"{held_by}: the name {name!r}{where} {why}: refused, nothing read. The file was "
+        "edited or comes from elsewhere; restore it from the run that wrote it, or start again "
+        "in a new directory.")
 
   if not isinstance(name, str) or not name or "\0" in name:
     refuse("is not a file name")
@@ -176,6 +177,20 @@ def confined(directory: str, name, held_by: str, folder: bool = False) -> str:
   if not folder and not stat.S_ISREG(mode):
     refuse("is not a regular file there (a FIFO, a device or a directory)")
   return path
+
+
+def check_tree(directory: str, held_by: str) -> None:
+  """Every entry below a local `directory` a run wrote and reads back (a checkpoint's step, the
+  data it built): regular files and directories only, nothing that leads out of it through a
+  link (`confined`'s rule for each); the libraries that read them (TensorStore, tf.data) follow
+  links and block on FIFOs. Nothing to check on an object store."""
+  if is_url(directory) or not os.path.isdir(directory):
+    return
+  for parent, folders, files in os.walk(directory):
+    for name in folders:
+      confined(directory, relpath(join(parent, name), directory), held_by, folder=True)
+    for name in files:
+      confined(directory, relpath(join(parent, name), directory), held_by)
 
 
 class WriteNotLandedError(OSError):

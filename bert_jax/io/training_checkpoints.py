@@ -41,6 +41,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from orbax.checkpoint._src.metadata import step_metadata_serialization as _step_metadata
 from orbax.checkpoint._src.serialization import tensorstore_utils as orbax_tensorstore
 
 from bert_jax.io import file_digests, filesystem, remote_storage
@@ -273,7 +274,7 @@ def check_model_config(config: BertConfig, workdir: str, say: bool = True) -> No
   the architecture of `config`. Compute-only and training-only fields may differ (said; the
   file records this run's once written); any other difference is a `CheckpointMismatchError`
   naming the fields (its checkpoints are of that architecture). Nothing is written."""
-  path = filesystem.join(workdir, BERT_CONFIG)
+  path = filesystem.confined(workdir, BERT_CONFIG, held_by=workdir)   # no link out, no FIFO
   if filesystem.exists(path):
     saved = BertConfig.from_json_string(filesystem.read_text(path), source=path)
     differ = _differences(architecture(saved), architecture(config))
@@ -368,11 +369,34 @@ class TrainingCheckpointer:
     self.restored_clock = 0.0   # the training clock saved with the restored checkpoint
     # The architecture of the model trained (`restore_latest`'s `model`), recorded with each save.
     self._model: Optional[Dict[str, Any]] = None
+    # Orbax reads every step's metadata as it starts: all of it regular files of the folder
+    # first (no link out, no FIFO), refused by name otherwise.
+    filesystem.check_tree(self.directory, held_by=self.directory)
+    self._set_aside_unreadable_step_metadata()
     self._manager = self._new_manager()
     # Steps read back and found whole (`_verify`); what an earlier run left counts as verified
     # (it verified them, or they predate verification). Only these count toward `keep`.
     self._verified: List[int] = sorted(self._manager.all_steps())
     self._unverified: List[Tuple[int, Dict[str, Any]]] = []   # (step, its fingerprints)
+
+  def _set_aside_unreadable_step_metadata(self) -> None:
+    """A step whose `_CHECKPOINT_METADATA` Orbax cannot read (JSON of other types: Orbax would
+    fail on every start, naming no file) is damage of that checkpoint: set aside as any damaged
+    one, before the manager reads it."""
+    if filesystem.is_url(self.directory) or not filesystem.isdir(self.directory):
+      return
+    for name in sorted(filesystem.listdir(self.directory)):
+      path = filesystem.join(self.directory, name, "_CHECKPOINT_METADATA")
+      if not name.isdigit() or not filesystem.exists(path):
+        continue
+      try:
+        value = json.loads(filesystem.read_text(path))
+      except (ValueError, UnicodeDecodeError):
+        continue   # Orbax reads a step with metadata that does not parse as having none
+      try:
+        _step_metadata.deserialize(value)
+      except Exception as error:  # pylint: disable=broad-except  (any shape Orbax refuses)
+        self._move_aside(int(name), CheckpointDamagedError(f"{path}: {error}"))
 
   def _new_manager(self) -> ocp.CheckpointManager:
     _guard_makedirs(self.directory)
@@ -571,6 +595,8 @@ class TrainingCheckpointer:
     """The state of `step`: checked to be of this job before it is read (`_check_compatible`),
     and against its fingerprints after; the iterator put at its position."""
     step_dir = filesystem.join(self.directory, str(step))
+    # Read only through regular files of the step (TensorStore follows links, blocks on FIFOs).
+    filesystem.check_tree(step_dir, held_by=step_dir)
     # One listing (which fails, rather than answering "absent", when the store does not answer).
     names = set(filesystem.listdir(step_dir))
     if "state" not in names:
@@ -653,12 +679,22 @@ class TrainingCheckpointer:
       reader.close()
 
   def _checked(self, step: int, restored) -> None:
-    """The restored state checked against its fingerprints; the training clock taken."""
-    if "fingerprints" in restored:
-      check_fingerprints(restored["fingerprints"], restored["state"],
-                         filesystem.join(self.directory, str(step), "state"))
-    self.restored_clock = (float(restored["clock"]["train_seconds"]) if "clock" in restored
-                           else 0.0)
+    """The restored state checked against its fingerprints; the training clock taken. Our own
+    items of another shape than we write them (edited, or bytes that still parse) are damage
+    of the checkpoint, named."""
+    step_dir = filesystem.join(self.directory, str(step))
+    try:
+      if "fingerprints" in restored:
+        check_fingerprints(restored["fingerprints"], restored["state"],
+                           filesystem.join(step_dir, "state"))
+      self.restored_clock = (float(restored["clock"]["train_seconds"]) if "clock" in restored
+                             else 0.0)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+      if isinstance(error, CheckpointDamagedError):
+        raise
+      raise CheckpointDamagedError(
+          f"{step_dir}: its fingerprints or clock item is not what a run writes "
+          f"({type(error).__name__}: {error})") from None
 
   def _proven_damage(self, step: int, error: BaseException) -> bool:
     """Whether `error`, raised restoring `step`, proves the checkpoint's own files damaged
@@ -687,6 +723,7 @@ class TrainingCheckpointer:
     """The parameters saved at `step`, as host-side arrays on this process's first device,
     whatever mesh wrote them (a pod run exported or fine-tuned from one process)."""
     step_dir = filesystem.join(self.directory, str(step))
+    filesystem.check_tree(step_dir, held_by=step_dir)   # no link out of the step, no FIFO
     try:
       names = set(filesystem.listdir(step_dir))
       self._check_format(step, self._read_json(step, "record") if "record" in names else None)
@@ -712,9 +749,15 @@ class TrainingCheckpointer:
     return restored["state"]["params"]
 
   def _set_aside(self, step: int, error: Exception) -> None:
+    self._move_aside(step, error)
+    self._manager.close()
+    self._manager = self._new_manager()
+
+  def _move_aside(self, step: int, error: Exception) -> None:
     source = filesystem.join(self.directory, str(step))
     target = filesystem.join(self.corrupt_directory, f"{step}-{int(time.time())}")
-    earlier = [s for s in self._manager.all_steps() if s < step]
+    earlier = sorted(int(n) for n in filesystem.listdir(self.directory)
+                     if n.isdigit() and int(n) < step)
     fallback = (f"falling back to the previous checkpoint (step {max(earlier)})" if earlier
                 else "there is no earlier checkpoint: the run starts from the beginning")
     message = (f"CHECKPOINT AT STEP {step} IS UNREADABLE ({type(error).__name__}: {error}). "
@@ -724,8 +767,6 @@ class TrainingCheckpointer:
     if jax.process_index() == 0:  # one process moves the shared directory
       filesystem.makedirs(self.corrupt_directory)
       filesystem.rename(source, target)
-    self._manager.close()
-    self._manager = self._new_manager()
 
 
 # TensorStore's status codes (its errors are ValueErrors whose text starts with one) and

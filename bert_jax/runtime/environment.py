@@ -89,7 +89,7 @@ def record(workdir: str) -> Dict[str, Any]:
   entry = describe()
   if outputs.is_writer():
     filesystem.makedirs(workdir)
-    path = filesystem.join(workdir, ENVIRONMENT_FILE)
+    path = filesystem.confined(workdir, ENVIRONMENT_FILE, held_by=workdir)   # no link out
     previous = filesystem.read_text(path) if filesystem.exists(path) else ""
     # Rewritten whole rather than appended: Cloud Storage objects cannot be appended to.
     filesystem.write_text(path, previous + json.dumps(entry, sort_keys=True) + "\n")

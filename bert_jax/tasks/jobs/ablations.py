@@ -31,7 +31,7 @@ from bert_jax.runtime import config_names, outputs
 from bert_jax.runtime.metric_writers import read_metrics
 from bert_jax.tasks.datasets import glue
 from bert_jax.tasks.framework import finetuning
-from bert_jax.tasks.jobs import feature_based, pretraining
+from bert_jax.tasks.jobs import feature_based
 
 
 
@@ -197,6 +197,12 @@ def _last_eval(workdir: str) -> Dict[str, float]:
   return evals[-1] if evals else {}
 
 
+def _pretrain(config, workdir: str) -> Dict[str, Any]:
+  """A pre-training run, as every job runs (`registry.run_job`)."""
+  from bert_jax.tasks import registry
+  return registry.run_job(config, workdir)
+
+
 def _common_eval(pre_config, pre_dir: str, workdir: str, overrides: Dict[str, Any]
                  ) -> Dict[str, float]:
   """The pre-trained model's held-out metrics with `overrides` (no training: an evaluation of
@@ -207,7 +213,7 @@ def _common_eval(pre_config, pre_dir: str, workdir: str, overrides: Dict[str, An
   c = config_names.replaced(pre_config, {
       **overrides, "init_checkpoint": pre_dir, "num_train_steps": 0,
       "eval_before_training": True})
-  pretraining.train_and_evaluate(c, workdir)
+  _pretrain(c, workdir)
   return _last_eval(workdir)
 
 
@@ -231,7 +237,7 @@ def run_variant(config, name: str, workdir: str, vocab_file: str,
   pre_config = config_names.replaced(pre_config, _form_records(records, pre_config.data.instances,
                                                                f"variant {name}"))
   pre_dir = filesystem.join(workdir, "pretraining")
-  last = pretraining.train_and_evaluate(pre_config, pre_dir)
+  last = _pretrain(pre_config, pre_dir)
   if last.get("preempted"):
     return {"preempted": True}
   result: Dict[str, Any] = {"paper_table": VARIANTS[name].title,

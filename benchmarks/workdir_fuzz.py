@@ -1,0 +1,389 @@
+r"""The workdir fuzzer: every file a finished run left in its workdir, damaged in each way in
+turn, then the same command again with more steps. Each case must end, within a bound, in exact
+recovery (the run's final parameters bitwise those of an uninterrupted run) or in a clear error
+that names the damaged file (or a folder holding it); never a hang, never an error that names
+nothing, and no file outside the workdir read or written.
+
+  python -m benchmarks.workdir_fuzz [--sample=N] [--timeout=120] [--json=OUT.json]
+
+runs it on the quick pre-training demo (`experiments/pretrain_demo.py:quick`, 50 documents):
+the reference run trains 4 steps (checkpoints at 2 and 4), each case copies its workdir, damages
+one file (every file at the top and in the data folder, and those of the newest checkpoint; the
+older checkpoint is what a damaged newest one falls back to), and runs to step 6 in this process
+(`registry.run`, as `bert_jax.main` runs it). `tests/test_workdir_fuzz.py` runs a sample of the
+cases in the fast tier, all of them and a GLUE fine-tuning job's in the slow tier.
+
+The damages (`DAMAGES`): cut to half; emptied; the same number of random bytes; for a JSON file,
+valid JSON of the wrong types, and every string in it replaced by a name climbing out (`..`) or
+by an absolute path; a symbolic link to a file outside the workdir; a link to `/dev/zero`; an
+empty directory in the file's place. The outside file sits on a tmpfs mounted with
+`strictatime` (as root; elsewhere only writes are checked), so a read of it shows in its access
+time.
+"""
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import traceback
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+OUTSIDE = "outside.txt"
+OUTSIDE_TEXT = "a file outside the workdir\n"
+
+
+# ------------------------------------------------------------------------------- damages
+
+
+def _truncate(path, outside):
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _empty(path, outside):
+  open(path, "wb").close()
+
+
+def _random_bytes(path, outside):
+  size = max(os.path.getsize(path), 16)
+  with open(path, "wb") as f:
+    f.write(np.random.default_rng(0).bytes(size))
+
+
+def _json(path) -> Optional[object]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (ValueError, UnicodeDecodeError):
+    return None
+
+
+def _write_json(path, value):
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f)
+
+
+def _wrong_types(value, depth=0):
+  """Each value as another type: strings as numbers, numbers as strings, lists as objects,
+  objects as lists (inside containers one level down)."""
+  if isinstance(value, dict):
+    return ([_wrong_types(v, depth + 1) for v in value.values()] if depth else
+            {k: _wrong_types(v, depth + 1) for k, v in value.items()})
+  if isinstance(value, list):
+    return {str(i): v for i, v in enumerate(value)}
+  if isinstance(value, str):
+    return 7
+  if isinstance(value, bool) or value is None:
+    return "x"
+  return str(value)
+
+
+def _strings(value, name: str):
+  """`value` with every string (keys of objects too) replaced by `name`."""
+  if isinstance(value, dict):
+    return {name if isinstance(k, str) else k: _strings(v, name) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_strings(v, name) for v in value]
+  return name if isinstance(value, str) else value
+
+
+def _json_damage(transform):
+  def damage(path, outside):
+    value = _json(path)
+    _write_json(path, transform(value, outside))
+  damage.json_only = True
+  return damage
+
+
+def _link_outside(path, outside):
+  os.remove(path)
+  os.symlink(outside, path)
+
+
+def _link_zero(path, outside):
+  os.remove(path)
+  os.symlink("/dev/zero", path)
+
+
+def _directory(path, outside):
+  os.remove(path)
+  os.mkdir(path)
+
+
+DAMAGES: Dict[str, Callable] = {
+    "truncated": _truncate,
+    "emptied": _empty,
+    "random bytes": _random_bytes,
+    "JSON of wrong types": _json_damage(lambda value, outside: _wrong_types(value)),
+    "names with ..": _json_damage(lambda value, outside: _strings(value, "../../../" + OUTSIDE)),
+    "absolute names": _json_damage(lambda value, outside: _strings(value, outside)),
+    "link outside": _link_outside,
+    "link to /dev/zero": _link_zero,
+    "directory": _directory,
+}
+
+
+# ------------------------------------------------------------------------------- a case
+
+
+@dataclasses.dataclass
+class Case:
+  file: str            # relative to the workdir
+  damage: str
+  outcome: str = ""    # OUTCOMES
+  seconds: float = 0.0
+  detail: str = ""
+
+
+OK_OUTCOMES = ("recovered exactly", "clear error")
+OUTCOMES = OK_OUTCOMES + ("recovered, not exactly", "error naming nothing", "hang",
+                          "outside touched")
+
+
+class _Timeout(BaseException):
+  """The case ran past its bound (a BaseException: no `except Exception` of a run swallows it)."""
+
+
+@contextlib.contextmanager
+def _bounded(seconds: float):
+  def expire(signum, frame):
+    raise _Timeout(f"no end after {seconds:.0f} s")
+  previous = signal.signal(signal.SIGALRM, expire)
+  signal.alarm(int(seconds))
+  try:
+    yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _messages(error: BaseException) -> str:
+  """The words of an error and of every error it was raised from."""
+  seen, words = set(), []
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    words.append(f"{type(error).__name__}: {error}")
+    error = error.__cause__ or error.__context__
+  return "\n".join(words)
+
+
+def names_the_file(message: str, workdir: str, relative: str) -> bool:
+  """Whether an error's words name the damaged file or a folder below the workdir holding it
+  (`checkpoints/4` for `checkpoints/4/state/manifest.ocdbt`)."""
+  parts = relative.split("/")
+  candidates = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+  candidates = [c for c in candidates if c not in ("checkpoints", "data")]   # too broad
+  return any(os.path.join(workdir, c) in message or f"/{c}" in message for c in candidates)
+
+
+class Fuzzer:
+  """The cases of one job: `run(config, workdir)` trains it (raising on failure), `result(workdir)`
+  is what must equal the uninterrupted run's (its final parameters), `config(steps)` its config
+  for a number of steps."""
+
+  def __init__(self, root: str, config: Callable[[int], object], run: Callable,
+               result: Callable[[str], Dict[str, np.ndarray]], steps: int = 4, more: int = 2,
+               timeout: float = 120.0):
+    self.root, self.config, self.run, self.result = root, config, run, result
+    self.steps, self.more, self.timeout = steps, more, timeout
+    self.outside_dir = os.path.join(root, "outside")
+    os.makedirs(self.outside_dir, exist_ok=True)
+    self.strict_atime = _mount_strictatime(self.outside_dir)
+    self.outside = os.path.join(self.outside_dir, OUTSIDE)
+    self.reference = os.path.join(root, "reference")
+    run(config(steps), self.reference)
+    full = os.path.join(root, "uninterrupted")
+    run(config(steps + more), full)
+    self.expected = result(full)
+
+  def close(self) -> None:
+    if self.strict_atime:
+      subprocess.run(["umount", self.outside_dir], capture_output=True)
+
+  def files(self) -> List[str]:
+    """Every file of the reference workdir a case damages: all but the older checkpoints'."""
+    steps = sorted(int(n) for n in os.listdir(os.path.join(self.reference, "checkpoints"))
+                   if n.isdigit())
+    older = [f"checkpoints/{s}/" for s in steps[:-1]]
+    found = []
+    for directory, _, names in os.walk(self.reference):
+      for name in names:
+        relative = os.path.relpath(os.path.join(directory, name), self.reference)
+        if not any(relative.startswith(prefix) for prefix in older):
+          found.append(relative)
+    return sorted(found)
+
+  def cases(self) -> List[Case]:
+    cases = []
+    for relative in self.files():
+      is_json = _json(os.path.join(self.reference, relative)) is not None
+      for name, damage in DAMAGES.items():
+        if getattr(damage, "json_only", False) and not is_json:
+          continue
+        cases.append(Case(relative, name))
+    return cases
+
+  def run_case(self, case: Case, index: int) -> Case:
+    workdir = os.path.join(self.root, f"case_{index}")
+    shutil.copytree(self.reference, workdir, symlinks=True)
+    with open(self.outside, "w") as f:
+      f.write(OUTSIDE_TEXT)
+    before = os.stat(self.outside)
+    DAMAGES[case.damage](os.path.join(workdir, case.file), self.outside)
+    started = time.perf_counter()
+    error = None
+    try:
+      with _bounded(self.timeout):
+        self.run(self.config(self.steps + self.more), workdir)
+    except _Timeout as e:
+      case.outcome, case.detail = "hang", str(e)
+    except Exception as e:  # pylint: disable=broad-except  (classified below)
+      error = e
+    case.seconds = time.perf_counter() - started
+    after = os.stat(self.outside)
+    with open(self.outside) as f:
+      written = f.read() != OUTSIDE_TEXT
+    read = self.strict_atime and after.st_atime_ns != before.st_atime_ns
+    if written or read:
+      case.outcome = "outside touched"
+      case.detail = ("written" if written else "read") + f": {self.outside}"
+    elif case.outcome:
+      pass
+    elif error is not None:
+      words = _messages(error)
+      case.detail = words.splitlines()[0][:400]
+      case.outcome = ("clear error" if names_the_file(words, workdir, case.file)
+                      else "error naming nothing")
+      if case.outcome != "clear error":
+        case.detail += "\n" + "".join(traceback.format_exception(error))[-1500:]
+    else:
+      got = self.result(workdir)
+      same = got.keys() == self.expected.keys() and all(
+          np.array_equal(got[k], self.expected[k]) for k in got)
+      case.outcome = "recovered exactly" if same else "recovered, not exactly"
+    shutil.rmtree(workdir, ignore_errors=True)
+    return case
+
+
+def _mount_strictatime(directory: str) -> bool:
+  """A small tmpfs with `strictatime` at `directory` (root only), so reads show in access times."""
+  if os.geteuid() != 0:
+    return False
+  result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,strictatime", "tmpfs",
+                           directory], capture_output=True)
+  return result.returncode == 0
+
+
+def spread(cases: Sequence[Case], count: int) -> List[Case]:
+  """About `count` of `cases`: every damage, each over files spread through the workdir."""
+  by_damage = collections.defaultdict(list)
+  for case in cases:
+    by_damage[case.damage].append(case)
+  per = max(1, count // len(by_damage))
+  chosen = []
+  for group in by_damage.values():
+    chosen += group[::max(1, len(group) // per)][:per]
+  return chosen
+
+
+def summary(cases: Sequence[Case]) -> Dict[str, int]:
+  counts = collections.Counter(case.outcome for case in cases)
+  return {outcome: counts.get(outcome, 0) for outcome in OUTCOMES}
+
+
+def table(cases: Sequence[Case]) -> str:
+  """Markdown: outcome counts by damage."""
+  by_damage = collections.defaultdict(collections.Counter)
+  for case in cases:
+    by_damage[case.damage][case.outcome] += 1
+  lines = ["| damage | cases | " + " | ".join(OUTCOMES) + " |",
+           "|---|---|" + "---|" * len(OUTCOMES)]
+  for damage in DAMAGES:
+    if damage in by_damage:
+      counts = by_damage[damage]
+      lines.append(f"| {damage} | {sum(counts.values())} | " +
+                   " | ".join(str(counts.get(o, 0)) for o in OUTCOMES) + " |")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- pre-training
+
+
+def pretraining_fuzzer(root: str, documents: int = 50, timeout: float = 120.0) -> Fuzzer:
+  """The quick demo: 4 steps (checkpoints at 2 and 4), cases continued to 6."""
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import registry
+  from experiments import pretrain_demo
+
+  def config(steps):
+    c = pretrain_demo.get_config("quick")
+    c.data.demo_max_documents, c.num_train_steps = documents, steps
+    c.checkpoint_every_steps, c.eval_every_steps, c.log_every_steps = 2, 0, 1
+    c.keep_checkpoints = 3
+    # A rate that does not depend on the run's length (warm-up, then constant): a run of 4 steps
+    # continued to 6 trains what a run of 6 does, so recovery is compared bit for bit.
+    c.schedule.name, c.schedule.decay_steps, c.schedule.decay_fraction = "wsd", 0, 0.0
+    return c
+
+  def result(workdir):
+    return checkpoints.flatten(checkpoints.load_pretrained(workdir)[1])
+
+  return Fuzzer(root, config, registry.run, result, timeout=timeout)
+
+
+def finetuning_fuzzer(root: str, config: Callable[[int], object],
+                      timeout: float = 120.0) -> Fuzzer:
+  """A fine-tuning job (`config(steps)`: its config trained for that many steps, the rate not
+  depending on the run's length): its result is the best model's parameters (best/, checked
+  against the digests best.json records) and the dev metrics of results.json."""
+  from bert_jax.io import checkpoints
+  from bert_jax.tasks import registry
+  from bert_jax.tasks.tools import fine_tuned
+
+  def result(workdir):
+    flat = checkpoints.flatten(fine_tuned.load(workdir).params)
+    with open(os.path.join(workdir, "results.json")) as f:
+      dev = json.load(f)["dev"]
+    flat.update({f"dev/{k}": np.asarray(v) for k, v in dev.items()})
+    return flat
+
+  return Fuzzer(root, config, registry.run, result, timeout=timeout)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sample", type=int, default=0,
+                      help="run this many cases, spread over files and damages (0: all)")
+  parser.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take")
+  parser.add_argument("--json", default="", help="also write every case here")
+  args = parser.parse_args()
+  root = tempfile.mkdtemp(prefix="workdir_fuzz_")
+  fuzzer = pretraining_fuzzer(root, timeout=args.timeout)
+  try:
+    cases = fuzzer.cases()
+    if args.sample:
+      cases = spread(cases, args.sample)
+    for i, case in enumerate(cases):
+      fuzzer.run_case(case, i)
+      print(f"[{i + 1}/{len(cases)}] {case.file}: {case.damage}: {case.outcome} "
+            f"({case.seconds:.1f} s) {case.detail.splitlines()[0] if case.detail else ''}",
+            flush=True)
+  finally:
+    fuzzer.close()
+  print(table(cases))
+  print(json.dumps(summary(cases)))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump([dataclasses.asdict(c) for c in cases], f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

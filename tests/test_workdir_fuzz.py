@@ -1,0 +1,83 @@
+"""The workdir fuzzer (benchmarks/workdir_fuzz.py) on the quick pre-training demo: a file of a
+finished run damaged (cut, emptied, random bytes, JSON of wrong types, names out of the workdir,
+a link outside or to /dev/zero, a directory in its place), then the same run with more steps.
+Every case ends in exact recovery (final parameters bit for bit those of an undamaged run) or a
+clear error naming the file; never a hang, an error naming nothing, or a file outside the
+workdir read or written. The fast tier runs a sample; the slow tier a spread over every file
+and every damage (the whole cross product is the benchmark's command)."""
+import pytest
+
+from benchmarks import workdir_fuzz
+
+# (file, damage): one of each kind of file a run reads back, each with a damage that reaches it.
+SAMPLE = [("bert_config.json", "link to /dev/zero"),
+          ("metrics.jsonl", "random bytes"),
+          ("checkpoints/4/data/process_0/position.json", "names with .."),
+          ("checkpoints/4/record/metadata", "JSON of wrong types"),
+          ("data/DONE", "directory"),
+          ("data/train.tfrecord", "link outside")]
+
+
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory):
+  made = workdir_fuzz.pretraining_fuzzer(str(tmp_path_factory.mktemp("fuzz")), timeout=120)
+  yield made
+  made.close()
+
+
+def _failures(cases):
+  return [f"{c.file}: {c.damage}: {c.outcome}: {c.detail}" for c in cases
+          if c.outcome not in workdir_fuzz.OK_OUTCOMES]
+
+
+def test_a_sample_of_damaged_files_ends_in_exact_recovery_or_a_clear_error(fuzzer):
+  files = set(fuzzer.files())
+  assert {f for f, _ in SAMPLE} <= files, sorted(files)
+  cases = [fuzzer.run_case(workdir_fuzz.Case(f, d), i) for i, (f, d) in enumerate(SAMPLE)]
+  assert not _failures(cases), "\n".join(_failures(cases))
+
+
+def test_outcomes_are_classified_by_what_the_error_names():
+  assert workdir_fuzz.names_the_file("ValueError: /w/checkpoints/4/state: bad", "/w",
+                                     "checkpoints/4/state/manifest.ocdbt")
+  assert not workdir_fuzz.names_the_file("ValueError: /w/checkpoints: bad", "/w",
+                                         "checkpoints/4/state/manifest.ocdbt")
+  assert not workdir_fuzz.names_the_file("ValueError: Object must be a dict", "/w",
+                                         "checkpoints/4/_CHECKPOINT_METADATA")
+
+
+@pytest.mark.slow
+def test_a_spread_over_every_file_and_every_damage(fuzzer):
+  cases = fuzzer.cases()
+  spread = workdir_fuzz.spread(cases, 48)
+  assert {c.damage for c in spread} == set(workdir_fuzz.DAMAGES)
+  done = [fuzzer.run_case(case, 100 + i) for i, case in enumerate(spread)]
+  assert not _failures(done), "\n".join(_failures(done))
+
+
+@pytest.mark.slow
+def test_a_spread_over_a_fine_tuning_workdir(tmp_path_factory):
+  """GLUE MRPC (quick) from a tiny checkpoint: its checkpoints, best/, results.json and
+  predictions damaged in turn."""
+  from experiments import glue
+  from tests import finetuning_fixtures as fx
+  root = tmp_path_factory.mktemp("fuzz_glue")
+  glue_dir = fx.write_glue_dir(str(root / "glue"), dict(train=16, dev=10))
+  checkpoint = fx.write_checkpoint(str(root / "checkpoint"))
+
+  def config(steps):
+    c = glue.get_config("task=mrpc,quick")
+    c.data.glue_dir, c.init_checkpoint = glue_dir, checkpoint
+    c.num_train_epochs = steps / 4   # 16 examples, 4 a step
+    c.checkpoint_every_steps, c.eval_every_steps, c.log_every_steps = 2, 2, 1
+    c.schedule.name, c.schedule.decay_steps, c.schedule.decay_fraction = "wsd", 0, 0.0
+    c.warmup_proportion = 0.0   # a warm-up by fraction would depend on the run's length
+    return c
+
+  made = workdir_fuzz.finetuning_fuzzer(str(root / "cases"), config)
+  try:
+    cases = workdir_fuzz.spread(made.cases(), 27)
+    done = [made.run_case(case, i) for i, case in enumerate(cases)]
+  finally:
+    made.close()
+  assert not _failures(done), "\n".join(_failures(done))
