@@ -1,6 +1,6 @@
 r"""The README's main job: pre-train a small BERT on a corpus every machine has, on a CPU.
 
-  python -m bert_jax.main --config=experiments/pretrain_demo.py --workdir=/tmp/bert_demo
+  python -m bert_jax.main --config=experiments/pretrain_demo.py --workdir=$HOME/bert_demo
 
 The corpus is Python's own documentation (the language reference topics and the standard
 library's docstrings, ~2,000 documents, 1.5 MB; see data_pipelines/demo_corpus.py). The first run

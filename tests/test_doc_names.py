@@ -475,3 +475,19 @@ def test_modules_and_files_exist(path):
       continue   # experiments/NAME.py, datasets/<task>.py, bert_jax/runtime/*.py
     wrong.append(f"{path}:{line}: {file_path} does not exist")
   assert not wrong, "\n".join(wrong)
+
+
+def test_the_scaling_guide_lists_every_benchmark():
+  """docs/scaling.md's list of benchmarks (`python -m benchmarks.NAME`) names every module and
+  package of benchmarks/ that runs (helpers aside)."""
+  runnable = set()
+  for name in os.listdir(os.path.join(ROOT, "benchmarks")):
+    path = os.path.join(ROOT, "benchmarks", name)
+    if name.endswith(".py") and name not in ("__init__.py", "bench_util.py"):
+      runnable.add(name[:-3])
+    elif os.path.isfile(os.path.join(path, "__main__.py")):
+      runnable.add(name)
+  text = _read("docs/scaling.md")
+  listed = text.split("`python -m benchmarks.NAME`:", 1)[1].split("\n\n", 1)[0]
+  missing = sorted(name for name in runnable if f"`{name}`" not in listed)
+  assert not missing, f"docs/scaling.md does not list: {missing}"
