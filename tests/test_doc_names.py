@@ -491,3 +491,18 @@ def test_the_scaling_guide_lists_every_benchmark():
   listed = text.split("`python -m benchmarks.NAME`:", 1)[1].split("\n\n", 1)[0]
   missing = sorted(name for name in runnable if f"`{name}`" not in listed)
   assert not missing, f"docs/scaling.md does not list: {missing}"
+
+
+def test_jax_install_commands_carry_the_supported_range():
+  """Every `jax[tpu]` / `jax[cuda..]` a guide installs is pinned to setup.cfg's jax range: an
+  unpinned one would pull a jax the project was not measured with."""
+  import configparser
+  setup = configparser.ConfigParser()
+  setup.read(os.path.join(ROOT, "setup.cfg"))
+  pin = next(line.strip() for line in setup["options"]["install_requires"].splitlines()
+             if line.strip().startswith("jax>=") or line.strip().startswith("jax<"))
+  allowed = pin[len("jax"):]
+  wrong = [f"{path}: {spec}" for path in DOCUMENTS
+           for spec in re.findall(r"jax\[(?:tpu|cuda\d*)\][^\s\"`']*", _read(path))
+           if not spec.endswith("]" + allowed)]
+  assert not wrong, wrong
