@@ -6,7 +6,7 @@ r"""The pre-training data builder as an Apache Beam pipeline (`create_pretrainin
     --input_file='gs://BUCKET/corpus/*.txt' --output_file=gs://BUCKET/records/train.tfrecord@256 \
     --vocab_file=gs://BUCKET/vocab.txt --max_seq_length=128 --dupe_factor=10
 
-The single-machine builder's run (`data_pipelines/create_pretraining_data.py`), stage for stage,
+The single-machine builder's run (`data_pipelines/create_pretraining_data/`), stage for stage,
 and its records, file for file:
   1. read: each input file (or tensorflow-datasets shard) is read by one worker, with the same
      reader (bad lines replaced, cut and counted), its documents numbered;

@@ -830,10 +830,3 @@ def create_pretraining_data(input_files: Sequence[str], output_files: Sequence[s
         filesystem.rmtree(work_dir)
   finish(stats, written, len(output_files), time.time() - started, progress)
   return stats
-
-
-if __name__ == "__main__":
-  # The command line (its flags, and --runner's hand-over to the Beam builder) is a module of its
-  # own, which imports this one: the builders stay libraries that do not import each other.
-  from data_pipelines import create_pretraining_data_cli
-  create_pretraining_data_cli.run()

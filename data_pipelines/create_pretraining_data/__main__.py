@@ -1,6 +1,6 @@
 r"""The command line of the pre-training data builder: `python -m data_pipelines.create_pretraining_data`
-(whose `__main__` runs `run()` here; `python -m data_pipelines.create_pretraining_data_cli` is the
-same command).
+runs this module (the package's `__main__`; the package itself is the single-machine builder, a
+library that imports neither this module nor the Beam builder, so no module imports back).
 
 Its absl flags are the builder's options (`create_pretraining_data.Options`) and inputs; with
 `--runner=...` the run is handed to the Beam builder (`data_pipelines/beam_pipeline.py`, imported
