@@ -464,3 +464,51 @@ def test_epsilon_squared_floors_the_rms():
     params = optax.apply_updates(params, updates)
     for key, want in expected[step].items():
       np.testing.assert_allclose(_flat(params)[key], want, rtol=2e-6, atol=1e-9)
+
+
+def test_stacked_layers_are_clipped_each_by_its_own_rms():
+  """A leaf of layers stacked on axis 0 (`scan_layers`) with `stacked`: each layer's update is
+  what it would be as its own tensor (the model unrolled); a spike in layer 0 clips layer 0
+  only. Without `stacked` the one RMS of the whole leaf clips every layer (what scanning did)."""
+  rng = np.random.default_rng(0)
+  layers = [{"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)} for _ in range(3)]
+  grads = [[{"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)} for _ in range(3)]
+           for _ in range(3)]
+  for layer in grads[2][:1]:   # step 3: a spike in layer 0 alone
+    layer["w"] = layer["w"] * 50.0
+  stack = lambda trees: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+  def run(tx, params, steps):
+    state, out = tx.init(params), []
+    for g in steps:
+      update, state = tx.update(g, state, params)
+      out.append(update)
+    return out
+
+  tx = optim.stable_adamw(1e-2, B1, B2, EPS, 0.1)
+  per_layer = [run(tx, layers[i], [grads[s][i] for s in range(3)]) for i in range(3)]
+  stacked = run(optim.stable_adamw(1e-2, B1, B2, EPS, 0.1, stacked={"w": True}),
+                stack(layers), [stack(g) for g in grads])
+  whole = run(tx, stack(layers), [stack(g) for g in grads])
+  for s in range(3):
+    want = np.stack([np.asarray(per_layer[i][s]["w"]) for i in range(3)])
+    np.testing.assert_allclose(np.asarray(stacked[s]["w"]), want, rtol=1e-6, atol=1e-9)
+  # The test can fail: one RMS over the stack clips the unspiked layers 1 and 2 as well.
+  assert not np.allclose(np.asarray(whole[2]["w"])[1:], want[1:], rtol=1e-3)
+
+
+def test_a_scanned_model_s_stacked_leaves_are_the_optimizer_s():
+  """`stacked_layers` of a job's logical axes marks exactly the leaves under the scanned
+  `encoder/layer` (the `layers` axis), for the pre-training job's optimizer."""
+  from bert_jax.parallel import sharding
+  from bert_jax.tasks.jobs import pretraining
+  from experiments import pretrain_modernbert
+  config = pretrain_modernbert.get_config("quick")
+  config.model.scan_layers = True
+  model = pretraining.build_model(pretraining.job_config(config))
+  axes = sharding.logical_axes(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+  marked = {jax.tree_util.keystr(path): flag for path, flag in
+            jax.tree_util.tree_leaves_with_path(optim.stacked_layers(axes))}
+  assert any(marked.values())
+  for path, flag in marked.items():
+    assert flag == ("['layer']" in path), path

@@ -150,15 +150,19 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float,
   return optax.GradientTransformation(init, update)
 
 
-def update_rms(grad, nu_hat, eps: float):
+def update_rms(grad, nu_hat, eps: float, stacked: bool = False):
   """StableAdamW's RMS_t of one tensor: sqrt(mean(g^2 / max(u, eps^2))), u the bias-corrected
-  second moment *including* this step's gradient."""
-  return jnp.sqrt(jnp.mean(jnp.square(grad) / jnp.maximum(nu_hat, eps * eps)))
+  second moment *including* this step's gradient. `stacked`: the leaf holds layers stacked on
+  its axis 0 (`scan_layers`), and each layer is its own tensor: one RMS per layer, [L, 1, ...]."""
+  ratio = jnp.square(grad) / jnp.maximum(nu_hat, eps * eps)
+  if stacked:
+    return jnp.sqrt(jnp.mean(ratio, axis=tuple(range(1, ratio.ndim)), keepdims=True))
+  return jnp.sqrt(jnp.mean(ratio))
 
 
 def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-6, weight_decay: float = 0.0,
-                 mask: Optional[Any] = None) -> optax.GradientTransformation:
+                 eps: float = 1e-6, weight_decay: float = 0.0, mask: Optional[Any] = None,
+                 stacked: Optional[Any] = None) -> optax.GradientTransformation:
   """StableAdamW: Wortsman et al. 2023, "Stable and low-precision training for large-scale
   vision-language models", Algorithm 2 (AdamW with Adafactor's update clipping as a per-tensor
   learning rate); the form of `optimi.StableAdamW`, which ModernBERT trains with.
@@ -181,6 +185,11 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
   that decay. optimi's fully decoupled decay (`decouple_lr=True`, ModernBERT's recipe: the decay
   is (eta_t / lr_max) lambda theta) is this with weight_decay = lambda / lr_max
   (`build_optimizer` does that for `config.optimizer.fully_decoupled_weight_decay`).
+
+  `stacked` (a tree of Python bools, or a function of the parameters, as `mask`): the leaves
+  whose axis 0 stacks layers (`scan_layers`, the `layers` logical axis: `stacked_layers`); each
+  layer of them is clipped by its own RMS_t, so a scanned model updates as the same model
+  unrolled (tests/test_optim.py).
 
   Where no tensor is clipped (every RMS_t <= 1) the updates are those of `optax.adamw` with the
   same arguments, bit for bit (tests/test_optim.py).
@@ -208,30 +217,48 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
     else:
       decays = mask(params) if callable(mask) else mask
 
-    def step(g, m, v, p, decay):
+    if stacked is None:
+      stacks = jax.tree_util.tree_map(lambda _: False, grads)
+    else:
+      stacks = stacked(params) if callable(stacked) else stacked
+
+    def step(g, m, v, p, decay, stack):
       direction = m / (jnp.sqrt(v) + eps)
       if decay:
         direction = direction + weight_decay * p
-      scale = -rate / jnp.maximum(1.0, update_rms(g, v, eps))
+      scale = -rate / jnp.maximum(1.0, update_rms(g, v, eps, stacked=stack))
       return jnp.asarray(scale, direction.dtype) * direction
 
     if params is None:
       params = jax.tree_util.tree_map(lambda _: None, grads)
-    updates = jax.tree_util.tree_map(step, grads, mu_hat, nu_hat, params, decays)
+    updates = jax.tree_util.tree_map(step, grads, mu_hat, nu_hat, params, decays, stacks)
     return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init, update)
 
 
-def create_optimizer(config: ml_collections.ConfigDict,
-                     num_train_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-  """(optimizer, schedule) from `config.optimizer`, `config.schedule` and the step fields."""
+def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int,
+                     stacked: Optional[Any] = None) -> tuple[optax.GradientTransformation,
+                                                             Callable]:
+  """(optimizer, schedule) from `config.optimizer`, `config.schedule` and the step fields;
+  `stacked`: the parameters' stacked-layer leaves (`stacked_layers`), for the optimizers that
+  look at a tensor as a whole."""
   return build_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
-                         num_train_steps, config.schedule)
+                         num_train_steps, config.schedule, stacked=stacked)
+
+
+def stacked_layers(param_axes) -> Any:
+  """A tree of bools from the parameters' logical axes (`sharding.logical_axes`): True where
+  axis 0 is `layers`, the stacked-layer axis of `scan_layers`."""
+  from jax.sharding import PartitionSpec
+  return jax.tree_util.tree_map(
+      lambda spec: bool(spec) and spec[0] == "layers", param_axes,
+      is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
 
 
 def build_optimizer(opt, learning_rate: float, warmup_steps: int, num_train_steps: int,
                     schedule: Optional[ml_collections.ConfigDict] = None,
+                    stacked: Optional[Any] = None,
                     ) -> tuple[optax.GradientTransformation, Callable]:
   """(optimizer, schedule): `opt` (a `config.optimizer` block) with the schedule that `schedule`
   (a `config.schedule` block) names; None is the default block, the paper's schedule."""
@@ -259,7 +286,7 @@ def build_optimizer(opt, learning_rate: float, warmup_steps: int, num_train_step
                       weight_decay=weight_decay, mask=decay_mask)
   elif opt.name == "stable_adamw":
     core = stable_adamw(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=weight_decay,
-                        mask=decay_mask)
+                        mask=decay_mask, stacked=stacked)
   else:
     raise ValueError(f"config.optimizer.name={opt.name!r}: expected one of {list(OPTIMIZERS)}")
   chain = [core]

@@ -459,11 +459,13 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
   """The pre-training job `config` describes (runtime.job): what trains, what `--compile_for`
   compiles and what the benchmarks time. Nothing is read until the job runs."""
   model = build_model(config)
-  tx, schedule = optim.create_optimizer(config, config.num_train_steps)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  # Logical axis names of the parameters: with model_parallelism > 1 or fsdp they shard the state.
+  # Logical axis names of the parameters: with model_parallelism > 1 or fsdp they shard the state;
+  # their `layers` axis (scan_layers) tells the optimizer where one tensor holds many layers.
   param_axes = sharding.logical_axes(
       model.init, init_rng, jnp.zeros((1, min(config.max_seq_length, 8)), jnp.int32))
+  tx, schedule = optim.create_optimizer(config, config.num_train_steps,
+                                        stacked=optim.stacked_layers(param_axes))
   eval_fn = functools.partial(eval_step, model=model, objective=config.objective)
   evaluates = bool(config.eval_every_steps and config.data.eval_input_files)
   return Job(
