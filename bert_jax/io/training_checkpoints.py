@@ -550,9 +550,14 @@ class TrainingCheckpointer:
           f"{resume}; {'free space and ' if full else ''}run the same command again to resume "
           "from it.") from None
 
-  def close(self) -> None:
+  def close(self, verify: bool = True) -> None:
+    """Finishes the last save; reads it back (and deletes the old ones) unless `verify` is False
+    (a run ending on an error: every process may not get here, and deleting waits for all)."""
     try:
-      self.wait()
+      if verify:
+        self.wait()
+      else:
+        self._manager.wait_until_finished()
     finally:
       self._manager.close()
 

@@ -106,6 +106,7 @@ def run(job: Job, workdir: str, par, actions: Tuple[Action, ...] = ()) -> Outcom
   trainer = Trainer(job.name, workdir, par, job.settings, iterator=batches.iterator,
                     console_keys=job.console_keys, throughput=job.throughput,
                     actions=actions)
+  failed = True
   try:
     state = trainer.restore(state, model=job.model)
     if not trainer.resumed and job.warm_start is not None:
@@ -119,6 +120,7 @@ def run(job: Job, workdir: str, par, actions: Tuple[Action, ...] = ()) -> Outcom
       trainer.log_eval(0, evaluate(state, 0))
     state, last = trainer.run(state, step_fn, batches.next_batch, job.dropout_rng,
                               evaluate=evaluate, eval_at=job.eval_at)
+    failed = False
   finally:
-    trainer.close()
+    trainer.close(failed=failed)
   return Outcome(state, last, trainer.preempted, evaluate, trainer)

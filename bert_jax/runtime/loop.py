@@ -242,7 +242,10 @@ class Trainer:
     self.preempted = step < settings.num_steps
     return state, last
 
-  def close(self) -> None:
-    self.checkpointer.close()
+  def close(self, failed: bool = False) -> None:
+    """`failed`: the run is ending on an error; its last save is finished but not read back (a
+    read-back deletes old checkpoints, which waits for every process: one that failed alone
+    would wait there for good)."""
+    self.checkpointer.close(verify=not failed)
     if self.writer is not None:
       self.writer.close()
