@@ -154,10 +154,11 @@ def _path_name(path) -> str:
   return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
 
 
-def check_fingerprints(saved: dict, state, where: str) -> None:
+def check_fingerprints(saved: dict, state, where: str, found: Optional[dict] = None) -> None:
   """Raises CheckpointDamagedError naming the arrays of `state` that differ from `saved`
-  (arrays restored in another dtype than they were saved in are not compared)."""
-  restored = fingerprints(state)
+  (arrays restored in another dtype than they were saved in are not compared). `found`: the
+  fingerprints of `state`, when the caller has them already."""
+  restored = fingerprints(state) if found is None else found
   differ = [path for path, (total, weighted, dtype) in saved.items()
             if path in restored and restored[path][2] == dtype
             and restored[path][:2] != [total, weighted]]
@@ -467,11 +468,12 @@ class TrainingCheckpointer:
                                   args=ocp.args.PyTreeRestore(restore_args=host))
       finally:
         reader.close()
-      missing = sorted(set(prints) - set(fingerprints(restored)))
+      found = fingerprints(restored)   # one pass over the state read back
+      missing = sorted(set(prints) - set(found))
       if missing:
         raise CheckpointDamagedError(f"{len(missing)} arrays saved are not in {state_dir} "
                                      f"(first: {missing[0]})")
-      check_fingerprints(prints, restored, state_dir)
+      check_fingerprints(prints, restored, state_dir, found=found)
       position = filesystem.join(step_dir, "data", f"process_{jax.process_index()}",
                                  "position.json")
       if filesystem.exists(position):
