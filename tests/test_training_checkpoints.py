@@ -177,6 +177,27 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
   assert damage.contents(workdir) == before
 
 
+@pytest.mark.parametrize("kind", ["bytes_changed_throughout", "truncated"])
+def test_a_checkpoint_that_does_not_read_back_keeps_the_older_one(tmp_path, kind):
+  """keep=1, asynchronous saves: step 2 written whole by Orbax, then damaged before the
+  read-back (as a store that accepted it and lost or changed it): the read-back names step 2,
+  and step 1, the newest verified one, is not deleted."""
+  state = {"params": {"w": jnp.arange(4096.0).reshape(64, 64)}, "step": jnp.int32(1)}
+  checkpointer = tc.TrainingCheckpointer(str(tmp_path), keep=1, async_save=True)
+  checkpointer.save(1, state, force=True)
+  checkpointer.wait()
+  checkpointer.save(2, dict(state, step=jnp.int32(2)), force=True)
+  checkpointer._manager.wait_until_finished()   # written, not yet read back  # pylint: disable=protected-access
+  damage.apply(kind, str(tmp_path / "checkpoints" / "2"))
+  with pytest.raises(tc.CheckpointWriteError,
+                     match=r"checkpoint at step 2 .* did not read back whole .* No older "
+                           r"checkpoint was deleted: the newest verified checkpoint, step 1, is "
+                           r"kept"):
+    checkpointer.wait()
+  checkpointer.close(verify=False)
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+
+
 def test_a_state_with_nan_or_inf_is_never_written(tmp_path):
   """The good checkpoint stays the newest: a NaN state would push it out of the last `keep`."""
   workdir = str(tmp_path)

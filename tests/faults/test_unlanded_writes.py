@@ -169,7 +169,7 @@ def test_a_saved_model_export_whose_file_the_store_lost_exits_1_naming_it(emulat
 def test_a_checkpoint_the_store_lost_is_caught_before_an_older_one_is_deleted(emulator):
   """Pre-training on gs:// with keep_checkpoints=1, the store losing the array data of the
   step-4 checkpoint after accepting it: the run reads each checkpoint back before deleting an
-  older one, so it stops naming step 4 with step 2 still there (Orbax alone had deleted it:
+  older one (or its writer finds the loss first), so it stops naming step 4 with step 2 still there (Orbax alone had deleted it:
   nothing complete left); the same command against a store that keeps its objects resumes from
   step 2 and ends."""
   prefix = "lost_checkpoint"
@@ -187,8 +187,15 @@ def test_a_checkpoint_the_store_lost_is_caught_before_an_older_one_is_deleted(em
     lost = list(store.lost)
   assert lost, "the store lost nothing of step 4's arrays"
   assert run.returncode != 0, run.stdout[-3000:]
-  assert ("The checkpoint at step 4" in run.stderr and "did not read back whole" in run.stderr
-          and "the newest verified checkpoint, step 2, is kept" in run.stderr), run.stderr[-3000:]
+  # Caught by the read-back, or already by the writer: TensorStore's OCDBT writer reads back
+  # tree nodes it flushed earlier in the same save, and finds them gone. Either way the run
+  # stops naming step 4, with step 2 kept. (The read-back alone, deterministically:
+  # tests/test_training_checkpoints.py.)
+  read_back = ("The checkpoint at step 4" in run.stderr and "did not read back whole" in
+               run.stderr and "the newest verified checkpoint, step 2, is kept" in run.stderr)
+  writer = ("Could not write the checkpoint at step 4" in run.stderr and
+            "the checkpoint at step 2 is the newest complete one" in run.stderr)
+  assert read_back or writer, run.stderr[-3000:]
   steps = {name.split("/")[2] for name in _objects(emulator, f"{prefix}/checkpoints/")} - {""}
   assert "2" in steps, steps   # the older checkpoint was not deleted
   again = main(emulator)
