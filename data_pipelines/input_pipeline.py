@@ -7,6 +7,8 @@ per-process batch is global_batch_size / process_count.
 
 Contiguous instances (`create_pretraining_data --instances=contiguous`: no next_sentence_labels)
 are read the same way, told apart by that absence; their batches have no next_sentence_labels.
+Documents as sequences (`--instances=documents`) are told apart by their `sequence_ids`; their
+batches carry `sequence_ids` and `position_ids` (the model keeps the sequences apart).
 An objective that needs them (`require_nsp_labels`) fails naming the files, and packing them is
 rejected (their rows are full already).
 
@@ -136,19 +138,36 @@ def has_nsp_labels(path: str) -> bool:
   raise ValueError(f"{path}: no records")
 
 
-def _spec(kind: str, nsp: bool, max_seq_length: int,
+def has_sequence_ids(path: str) -> bool:
+  """Whether the first record of `path` packs documents as sequences (`sequence_ids`;
+  `create_pretraining_data --instances=documents`)."""
+  for raw in tf.data.TFRecordDataset(path).take(1):
+    return F.SEQUENCE_IDS in tf.train.Example.FromString(raw.numpy()).features.feature
+  raise ValueError(f"{path}: no records")
+
+
+def instance_form(path: str) -> str:
+  """The instances `path` holds, by its first record: `create_pretraining_data.INSTANCES`'
+  pairs (NSP labels), documents (sequence ids) or contiguous (neither)."""
+  if has_nsp_labels(path):
+    return "pairs"
+  return "documents" if has_sequence_ids(path) else "contiguous"
+
+
+def _spec(kind: str, form: str, max_seq_length: int,
           max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
+  nsp, packed = form == "pairs", form == "documents"
   if kind == "static":
-    return F.static_feature_spec(max_seq_length, max_predictions_per_seq, nsp)
-  return F.dynamic_feature_spec(max_seq_length, nsp)
+    return F.static_feature_spec(max_seq_length, max_predictions_per_seq, nsp, packed)
+  return F.dynamic_feature_spec(max_seq_length, nsp, packed)
 
 
 def feature_spec(file_patterns: Union[str, Sequence[str]], max_seq_length: int,
                  max_predictions_per_seq: int) -> Dict[str, tf.io.FixedLenFeature]:
-  """The parsing spec of the records in `file_patterns` (static or dynamic, pairs or contiguous
-  instances: the first file's)."""
+  """The parsing spec of the records in `file_patterns` (static or dynamic; pairs, contiguous
+  instances or documents as sequences: the first file's)."""
   files = expand_patterns(file_patterns)
-  return _spec(record_kind(files[0]), has_nsp_labels(files[0]), max_seq_length,
+  return _spec(record_kind(files[0]), instance_form(files[0]), max_seq_length,
                max_predictions_per_seq)
 
 
@@ -246,7 +265,8 @@ def create_pretraining_dataset(
   """
   files = expand_patterns(file_patterns)
   kind = record_kind(files[0])
-  nsp = has_nsp_labels(files[0])
+  form = instance_form(files[0])
+  nsp = form == "pairs"
   if require_nsp_labels and not nsp:
     without = _files_without_nsp_labels(files)
     shown = ", ".join(without[:3]) + (f" and {len(without) - 3} more" if len(without) > 3 else "")
@@ -266,18 +286,17 @@ def create_pretraining_dataset(
                      "to unmasked records (the left-to-right objective)")
   if packing is not None and not nsp:
     # Packing puts several short NSP pairs in one row. Contiguous instances fill their rows
-    # (only the last row of each block's stream is shorter), so there is nothing to pack, and
-    # their documents are meant to share a row with full attention across the [SEP] between
-    # them, not the block-diagonal attention of packed pairs.
+    # (only the last row of each block's stream is shorter), and documents as sequences were
+    # packed when they were written: there is nothing to pack.
     raise ValueError(f"packing (config.data.packing) applies to sentence-pair records: {files[0]} "
-                     "holds contiguous instances (no next_sentence_labels) that already fill "
-                     "every row to max_seq_length; set config.data.packing=False")
+                     f"holds {form} instances (no next_sentence_labels) that already fill "
+                     "their rows; set config.data.packing=False")
   process_index, process_count = _process_info(process_index, process_count)
   if global_batch_size % process_count:
     raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                      f"{process_count} processes")
   batch_size = global_batch_size // process_count
-  spec = _spec(kind, nsp, max_seq_length, max_predictions_per_seq)
+  spec = _spec(kind, form, max_seq_length, max_predictions_per_seq)
 
   my_files, record_shard = process_files(files, process_index, process_count)
   check_first_records(my_files, spec)

@@ -3,7 +3,7 @@
 Short pairs (10% of instances are short by design, spec section 3) waste most of a padded row.
 Packing puts several `[CLS] A [SEP] B [SEP]` pairs into one row of `max_seq_length`, with
 
-  pair_ids        [S]  1..K for the tokens of pair k, 0 for padding -> block-diagonal attention
+  sequence_ids    [S]  1..K for the tokens of pair k, 0 for padding -> block-diagonal attention
   position_ids    [S]  restart at 0 for every pair (each pair sees the positions it would alone)
   segment_ids     [S]  0/1 within each pair, as unpacked
   cls_positions   [K]  where each pair's [CLS] is: NSP is classified per pair from there
@@ -23,12 +23,14 @@ import numpy as np
 
 from data_pipelines import features as F
 
-PAIR_IDS = "pair_ids"
-POSITION_IDS = "position_ids"
+# The names records of documents as sequences carry too (create_pretraining_data
+# --instances=documents): a row of packed pairs and a row of packed documents are read alike.
+SEQUENCE_IDS = F.SEQUENCE_IDS
+POSITION_IDS = F.POSITION_IDS
 CLS_POSITIONS = "cls_positions"
 NSP_WEIGHTS = "nsp_weights"
 # The features of a packed row, in the order the tf.data wrapper returns them.
-ROW_FEATURES = (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, POSITION_IDS, PAIR_IDS,
+ROW_FEATURES = (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, POSITION_IDS, SEQUENCE_IDS,
                 F.MASKED_LM_POSITIONS, F.MASKED_LM_IDS, F.MASKED_LM_WEIGHTS, CLS_POSITIONS,
                 F.NEXT_SENTENCE_LABELS, NSP_WEIGHTS)
 
@@ -51,10 +53,11 @@ class PackingConfig:
 
 
 def attention_mask(batch) -> jnp.ndarray:
-  """Block-diagonal [B, S, S] mask: a token attends to the tokens of its own pair only."""
-  pair = batch[PAIR_IDS]                                      # [B, S]
-  same = pair[:, :, None] == pair[:, None, :]                 # [B, S, S]
-  return same & (pair[:, None, :] > 0)
+  """Block-diagonal [B, S, S] mask: a token attends to the tokens of its own sequence (a packed
+  pair, or a document) only."""
+  sequence = batch[SEQUENCE_IDS]                                              # [B, S]
+  same = sequence[:, :, None] == sequence[:, None, :]                         # [B, S, S]
+  return same & (sequence[:, None, :] > 0)
 
 
 def _length(example) -> int:
@@ -94,7 +97,7 @@ def pack_examples(examples: Sequence[Dict[str, np.ndarray]], max_seq_length: int
 
 def _build_row(pairs, max_seq_length, max_pairs, max_predictions) -> Dict[str, np.ndarray]:
   row = {name: np.zeros(max_seq_length, np.int32)
-         for name in (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, POSITION_IDS, PAIR_IDS)}
+         for name in (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, POSITION_IDS, SEQUENCE_IDS)}
   row.update({F.MASKED_LM_POSITIONS: np.zeros(max_predictions, np.int32),
               F.MASKED_LM_IDS: np.zeros(max_predictions, np.int32),
               F.MASKED_LM_WEIGHTS: np.zeros(max_predictions, np.float32),
@@ -109,7 +112,7 @@ def _build_row(pairs, max_seq_length, max_pairs, max_predictions) -> Dict[str, n
     row[F.INPUT_MASK][span] = 1
     row[F.SEGMENT_IDS][span] = pair[F.SEGMENT_IDS][:n]
     row[POSITION_IDS][span] = np.arange(n)
-    row[PAIR_IDS][span] = k + 1
+    row[SEQUENCE_IDS][span] = k + 1
     real = np.asarray(pair[F.MASKED_LM_WEIGHTS]) > 0
     count = int(real.sum())
     row[F.MASKED_LM_POSITIONS][predicted:predicted + count] = (

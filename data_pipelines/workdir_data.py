@@ -6,7 +6,8 @@ the vocabulary is the run's (`Vocabulary`: a WordPiece vocab.txt, a SentencePiec
 tokenizer.json, e.g. a checkpoint's) or, if none is given, a WordPiece vocabulary of
 `Settings.learned_vocab_size` learned on the training documents. Records use dynamic masking and
 hold sentence pairs with NSP labels, or, with `Settings.instances="contiguous"`, contiguous
-full-length instances without them. A later run (a resume) finds WORKDIR/data/DONE and reuses the
+full-length instances without them, or with `"documents"` documents as sequences packed into rows
+(create_pretraining_data's instance forms). A later run (a resume) finds WORKDIR/data/DONE and reuses the
 files, so the data never changes under a running experiment (asking for the other kind of
 instances then is an error: `InstancesMismatch`).
 
@@ -71,7 +72,7 @@ class Settings:
   seed: int
   dupe_factor: int = 1                # passes over the training documents (held-out: one)
   holdout_every: int = 20
-  instances: str = "pairs"            # pairs (NSP labels) | contiguous (none)
+  instances: str = "pairs"            # pairs (NSP labels) | contiguous | documents (none)
   learned_vocab_size: int = 0         # the WordPiece vocabulary learned when none is given
 
 
@@ -261,9 +262,10 @@ def _check_vocabulary(done: str, data_dir: str, vocabulary: Vocabulary) -> None:
 
 
 def _check_instances(records: str, instances: str) -> None:
-  """Reused records must be the kind of instances the run asks for (NSP labels or none)."""
+  """Reused records must be the kind of instances the run asks for (pairs, contiguous or
+  documents)."""
   from data_pipelines import input_pipeline
-  built = "pairs" if input_pipeline.has_nsp_labels(records) else "contiguous"
+  built = input_pipeline.instance_form(records)
   if built != instances:
     raise InstancesMismatch(records, built, instances)
 

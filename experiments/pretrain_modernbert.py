@@ -17,9 +17,12 @@ large's, layers by Gopher's mapping; bert_jax/model/growth.py):
   ... :size=large,phase=pretrain --workdir=gs://b/mbl_pretrain \
     --config.init_checkpoint=gs://b/mb_pretrain --config.init_tiling=tile_from_middle
 
-The records are contiguous text without NSP (`python -m data_pipelines.create_pretraining_data
---instances=contiguous --masking=dynamic --max_seq_length=1024` or 8192), masked while reading
-at 30%. The model is `modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `modernbert-large`
+The records hold documents as sequences without NSP (`python -m
+data_pipelines.create_pretraining_data --instances=documents --masking=dynamic
+--max_seq_length=1024` or 8192): each document its own `[CLS] ... [SEP]` sequence, several
+packed in a row, attention and rotary positions inside each (ModernBERT's sequence packer;
+`--config.data.instances=contiguous` and such records give RoBERTa's FULL-SENTENCES instead, the
+documents attending across each other), masked while reading at 30%. The model is `modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `modernbert-large`
 (28 x 1,024, 2,624, 16 heads), every third layer global and the others in a 128-token window.
 
 The recipe (Warner et al. 2024, section 2.2 and appendix; the values per phase below, each with
@@ -27,12 +30,13 @@ its source): StableAdamW with fully decoupled weight decay and no gradient clipp
 warmup-stable-decay schedule (warm-up then constant through pretrain and extend, then a 1-sqrt
 decay as its own phase), and in the pretrain phase the batch-size warm-up: the global batch rises
 from 768 to 4,608 sequences over the first 50B tokens (base; large: 448 -> 4,928 over 10B), in
-equal steps of the start batch (`config.batch_warmup`, bert_jax/runtime/batch_ramp.py). The
+increments of the start batch that each last the same number of steps, switching where
+ModernBERT's own scheduler switches (`config.batch_warmup`, bert_jax/runtime/batch_ramp.py). The
 pretrain phase's steps and learning-rate warm-up steps are counted through that ramp, so they
 train the recipe's tokens. The Adam moments start afresh in each phase (a phase reads the
 previous phase's parameters through init_checkpoint).
-`:quick` is a tiny model on contiguous records built from Python's documentation (no download):
-what the tests run, every phase; its pretrain phase ramps its batch 2 -> 8 over 3 steps.
+`:quick` is a tiny model on documents-as-sequences records built from Python's documentation (no download):
+what the tests run, every phase; its pretrain phase ramps its batch 2, 4, 6, 8 over its 4 steps.
 """
 from experiments import pretraining_defaults
 from bert_jax.model.config import BertConfig
@@ -74,8 +78,14 @@ def get_config(arg=None):
   c.model.update(global_rope_theta=global_theta, local_rope_theta=10_000.0,
                  max_position_embeddings=8192)
   c.model.dtype = "bfloat16"
-  c.data.instances = "contiguous"
+  # Documents kept apart, as ModernBERT's sequence packer does: each document a [CLS] ... [SEP]
+  # sequence of its own in a packed row, attention and rotary positions inside it.
+  c.data.instances = "documents"
   c.data.masked_lm_prob = 0.30          # section 2.2.1: 30% masking, 80/10/10
+  # ModernBERT's training configs: dropout on the attention output only (attn_out_dropout_prob
+  # 0.1; attention probabilities, embeddings and MLP 0.0).
+  c.model.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                 attention_output_dropout_prob=0.1)
   learning_rate, batch_1024 = SIZES[args["size"]]
   # The same tokens per step in every phase: 4,608 x 1,024 = 576 x 8,192.
   c.global_batch_size = batch_1024 * 1024 // seq_len
@@ -108,8 +118,8 @@ def get_config(arg=None):
 
 
 def quick(c, phase: str):
-  """A tiny ModernBERT (4 layers: global, local, local, global; a 32-token window) on contiguous
-  records built from Python's documentation, a few steps; the extend and decay phases run at
+  """A tiny ModernBERT (4 layers: global, local, local, global; a 32-token window) on records of
+  documents as sequences built from Python's documentation, a few steps; the extend and decay phases run at
   twice the pretrain length."""
   c.model.dtype = "float32"
   c.model.update(num_hidden_layers=4, hidden_size=64, num_attention_heads=2,
@@ -119,7 +129,7 @@ def quick(c, phase: str):
   c.max_predictions_per_seq = 40 if phase == "pretrain" else 80
   c.global_batch_size, c.eval_batch_size = 8, 8
   c.num_train_steps, c.warmup_steps = 4, 2 if phase == "pretrain" else 0
-  if phase == "pretrain":   # the batch of the 4 steps: 2, 2, 4, 8 rows (1,024 tokens of ramp)
+  if phase == "pretrain":   # the batch of the 4 steps: 2, 4, 6, 8 rows (1,024 tokens of ramp)
     c.batch_warmup.start_batch_size, c.batch_warmup.tokens = 2, 1024.0
   c.log_every_steps, c.checkpoint_every_steps, c.eval_every_steps, c.eval_steps = 2, 2, 4, 2
   c.data.shuffle_buffer_size = 100

@@ -1,9 +1,12 @@
-"""Batch-size warm-up by tokens (bert_jax/runtime/batch_ramp.py): the ramp's values, a step of k
+"""Batch-size warm-up by tokens (bert_jax/runtime/batch_ramp.py): the ramp's values (equal steps
+per level, switching where ModernBERT's own scheduler switches), a step of k
 micro-batches equals one step on their concatenation (one device, a mesh, pmap), and a quick
 ModernBERT run across the ramp resumed in the middle of it ends bit for bit as the
 uninterrupted run."""
+import collections
 import functools
 import importlib
+import math
 import json
 import os
 import shutil
@@ -26,13 +29,64 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _brute_force(ramp, steps):
-  """k of each step from the definition: tokens trained so far, summed step by step."""
+  """k of each step from the definition: tokens trained so far, summed step by step, against
+  the thresholds in fractions (K - 1 levels below K, level k ending at
+  tokens * (1 + ... + k) / (1 + ... + (K - 1)), rounded up)."""
+  from fractions import Fraction
   big_k, trained, out = ramp.final // ramp.start, 0, []
+  unit = Fraction(int(ramp.tokens), sum(range(1, big_k))) if big_k > 1 else 0
+  thresholds = [math.ceil(unit * sum(range(1, k + 1))) for k in range(1, big_k)]
   for _ in range(steps):
-    k = big_k if ramp.tokens == 0 else min(big_k, 1 + (big_k - 1) * trained // int(ramp.tokens))
+    k = 1 + sum(trained >= t for t in thresholds)
     out.append(k)
     trained += k * ramp.start * ramp.seq_len
   return out
+
+
+class _ModernBertScheduler:
+  """ModernBERT's `BatchSizeWarmupScheduler` (AnswerDotAI/ModernBERT src/sequence_packer.py,
+  8c57a0f), transcribed: per GPU, batch sizes in micro-batches, the counter that GPU's tokens."""
+
+  def __init__(self, min_batch_size, max_batch_size, warmup_tokens, world_size):
+    self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
+    self.warmup_tokens = math.ceil(warmup_tokens / world_size)
+    total_batch_sizes = sum(range(self.min_batch_size, self.max_batch_size))
+    steps_per_unit = self.warmup_tokens / total_batch_sizes
+    self._step_thresholds, cumsum = [], 0
+    for batch_size in range(self.min_batch_size, self.max_batch_size):
+      cumsum += batch_size
+      self._step_thresholds.append(math.ceil(steps_per_unit * cumsum))
+
+  def __call__(self, current_step):
+    if current_step >= self.warmup_tokens:
+      return self.max_batch_size
+    for i, threshold in enumerate(self._step_thresholds):
+      if current_step < threshold:
+        return self.min_batch_size + i
+    return self.max_batch_size
+
+
+@pytest.mark.parametrize("global_batch,micro,warmup_tokens", [
+    (4608, 96, 50e9),    # modernbert-base-pretrain.yaml
+    (4928, 56, 10e9)])   # modernbert-large-pretrain.yaml
+def test_the_ramp_switches_where_modernberts_scheduler_does(global_batch, micro,
+                                                           warmup_tokens):
+  """8 GPUs (the paper's), full packed rows of 1,024 tokens, each GPU counting its own tokens:
+  every step's batch equals ModernBERT's, through the whole ramp and past it."""
+  gpus, seq_len = 8, 1024
+  theirs = _ModernBertScheduler(1, global_batch // gpus // micro, warmup_tokens, gpus)
+  ours = BatchRamp(gpus * micro, global_batch, warmup_tokens, seq_len)
+  counter, step, levels = 0, 0, collections.Counter()
+  while True:
+    rows_per_gpu = theirs(counter) * micro
+    assert ours.rows(step) == rows_per_gpu * gpus, step
+    levels[rows_per_gpu * gpus] += 1
+    counter += rows_per_gpu * seq_len
+    step += 1
+    if counter >= theirs.warmup_tokens + 3 * rows_per_gpu * seq_len:
+      break
+  steps = [levels[rows] for rows in sorted(levels)[:-1]]   # the levels below the final batch
+  assert len(steps) == global_batch // (gpus * micro) - 1 and max(steps) - min(steps) <= 1
 
 
 @pytest.mark.parametrize("start,final,tokens,seq_len", [
@@ -118,12 +172,12 @@ def test_ramped_batches_take_k_micro_batches_and_replay_to_a_step():
     def skip(self, batches):
       self.position += batches
 
-  ramp = BatchRamp(2, 8, 1024, 128)   # the quick experiment's: k = 1, 1, 2, 4, 4, ...
+  ramp = BatchRamp(2, 8, 1024, 128)   # the quick experiment's: k = 1, 2, 3, 4, 4, ...
   batches = pretraining.RampedBatches(Counting(), ramp)
   seen = [batches.next_batch(step)["input_ids"][:, 0].tolist() for step in range(4)]
-  assert seen == [[0, 0], [1, 1], [2, 2, 3, 3], [4, 4, 5, 5, 6, 6, 7, 7]]
+  assert seen == [[0, 0], [1, 1, 2, 2], [3, 3, 4, 4, 5, 5], [6, 6, 7, 7, 8, 8, 9, 9]]
   replayed = pretraining.RampedBatches(Counting(), ramp)
-  replayed.skip(3)    # a moved workdir's checkpoint at step 3: the micro-batches before it
+  replayed.skip(6)    # a moved workdir's checkpoint at step 3: the micro-batches before it
   assert replayed.next_batch(3)["input_ids"][:, 0].tolist() == seen[3]
 
 
@@ -133,8 +187,8 @@ def test_resume_in_the_middle_of_the_ramp_is_bitwise_identical(tmp_path, capsys)
   reference = str(tmp_path / "reference")
   registry.run_job(config, reference)
   train = [r for r in demo_runs.untimed_metrics(reference) if "batch_size" in r]
-  assert [r["batch_size"] for r in train] == [2, 2, 4, 8]     # across the whole ramp
-  # Killed after the step-1 checkpoint: the next steps take 1, 2 and 4 micro-batches.
+  assert [r["batch_size"] for r in train] == [2, 4, 6, 8]     # across the whole ramp
+  # Killed after the step-1 checkpoint: the next steps take 2, 3 and 4 micro-batches.
   resumed = str(tmp_path / "resumed")
   shutil.copytree(reference, resumed)
   for step in ("2", "3", "4"):

@@ -279,3 +279,71 @@ def test_bert_configs_write_what_they_wrote():
     BertConfig(architecture="gpt")
   with pytest.raises(ValueError, match="local_attention"):
     BertConfig.named("modernbert-base", local_attention=7)
+
+
+def test_attention_output_dropout_is_its_own_rate_and_reads_back(tmp_path):
+  """The probabilities' rate and the attention output's apart: with the probabilities at 0 the
+  output's rate alone changes a training forward; transformers' one `attention_dropout` reads
+  into both; an export reads back both rates; an older config (one rate) keeps it for both."""
+  config = BertConfig.named("modernbert-base", num_hidden_layers=1, hidden_size=32,
+                            num_attention_heads=2, intermediate_size=48, vocab_size=VOCAB,
+                            local_attention=8, pad_token_id=0, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0, attention_output_dropout_prob=0.5)
+  model = families.of(config).encoder(config)
+  ids, mask = _batch(16)
+  params = layers.init_params(model, jax.random.PRNGKey(0))
+
+  def forward(c, deterministic):
+    out = families.of(c).encoder(c).apply(
+        {"params": params}, ids, mask, deterministic=deterministic,
+        rngs={"dropout": jax.random.PRNGKey(3)})
+    return np.asarray(out[0] if isinstance(out, tuple) else out["sequence_output"])
+
+  quiet = forward(config, True)
+  assert not np.allclose(forward(config, False), quiet)
+  no_output_dropout = BertConfig.from_dict(dict(config.to_dict(),
+                                                attention_output_dropout_prob=0.0))
+  np.testing.assert_allclose(forward(no_output_dropout, False), quiet, atol=1e-6)
+
+  values = _reference_config(attention_dropout=0.2).to_dict()
+  read = families.for_huggingface(values, "config.json").config_from_huggingface(values, "c")
+  assert (read.attention_probs_dropout_prob, read.attention_output_dropout_prob) == (0.2, 0.2)
+
+  out = str(tmp_path / "export")
+  checkpoints.export_huggingface(config, params, out)
+  written = json.loads(open(os.path.join(out, "config.json")).read())
+  assert written["attention_dropout"] == 0.0   # transformers' one rate: the probabilities'
+  back, _ = checkpoints.load_pretrained(out)
+  assert (back.attention_probs_dropout_prob, back.attention_output_dropout_prob) == (0.0, 0.5)
+
+  older = {k: v for k, v in config.to_dict().items() if k != "attention_output_dropout_prob"}
+  older["attention_probs_dropout_prob"] = 0.1
+  assert BertConfig.from_dict(older).attention_output_dropout_prob == 0.1
+
+
+@pytest.mark.parametrize("seq_len", [96, 1100])   # local layers banded; by blocks
+def test_a_row_of_packed_documents_equals_transformers_on_each_document_alone(reference,
+                                                                             seq_len):
+  """Documents as sequences (`create_pretraining_data --instances=documents`): the row the
+  writer packs, read as the pre-training job reads it (the block-diagonal mask of its
+  sequence_ids, its restarting position_ids), gives every document the hidden states and logits
+  transformers' ModernBERT gives it alone, in the local layers (windows longer than a document's
+  edge would reach across) and the global ones."""
+  from data_pipelines import create_pretraining_data, packing
+  directory, model = reference
+  config, params = checkpoints.load_pretrained(directory)
+  rng = np.random.RandomState(1)
+  lengths = [seq_len // 2 - 2, seq_len // 3 - 2, seq_len // 8 - 2]   # fit one row together
+  documents = [[list(rng.randint(3, VOCAB, size=n))] for n in lengths]
+  row = create_pretraining_data.documents_arrays(documents, seq_len, cls_id=1, sep_id=2)
+  assert len(row["input_ids"]) == 1 and row["sequence_ids"].max() == 3
+  batch = {k: jnp.asarray(v, jnp.int32) for k, v in row.items()}
+  ours = families.of(config).pretraining_model(config, use_nsp=False).apply(
+      {"params": params}, batch["input_ids"], packing.attention_mask(batch),
+      position_ids=batch["position_ids"])
+  for k in (1, 2, 3):
+    span = row["sequence_ids"][0] == k
+    alone = row["input_ids"][:, span]                                  # [1, n]: [CLS] doc [SEP]
+    hidden, logits = _transformers_outputs(model, alone, np.ones_like(alone))
+    np.testing.assert_allclose(np.asarray(ours["sequence_output"])[0, span], hidden[0], atol=TOL)
+    np.testing.assert_allclose(np.asarray(ours["mlm_logits"])[0, span], logits[0], atol=TOL)

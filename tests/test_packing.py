@@ -35,10 +35,10 @@ def test_packing_layout():
   assert packed_pairs == len(examples)
   for row in rows:
     k = int(row["nsp_weights"].sum())
-    assert set(np.unique(row["pair_ids"])) - {0} == set(range(1, k + 1))
+    assert set(np.unique(row["sequence_ids"])) - {0} == set(range(1, k + 1))
     for slot in range(k):
       start = row["cls_positions"][slot]
-      assert row["position_ids"][start] == 0 and row["pair_ids"][start] == slot + 1
+      assert row["position_ids"][start] == 0 and row["sequence_ids"][start] == slot + 1
 
 
 def test_packed_and_unpacked_losses_are_equal():

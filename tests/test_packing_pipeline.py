@@ -72,12 +72,12 @@ def _rows(batches):
 def _pairs(row):
   """(tokens, segment ids, NSP label) of every pair in a row (one pair if unpacked)."""
   ids = _unmasked(row)
-  if "pair_ids" not in row:
+  if "sequence_ids" not in row:
     n = int(row["input_mask"].sum())
     return [(tuple(ids[:n]), tuple(row["segment_ids"][:n]), int(row["next_sentence_labels"][0]))]
   pairs = []
   for k in range(int(row["nsp_weights"].sum())):
-    span = row["pair_ids"] == k + 1
+    span = row["sequence_ids"] == k + 1
     start = row["cls_positions"][k]
     assert span[start], "cls_positions points into its pair"
     np.testing.assert_array_equal(row["position_ids"][span], np.arange(span.sum()))

@@ -101,8 +101,9 @@ def read_instances(record_path: str, seq: int) -> Dict[str, np.ndarray]:
   import tensorflow as tf
   from data_pipelines import features as F
   from data_pipelines import input_pipeline
-  nsp = input_pipeline.has_nsp_labels(record_path)
-  spec = F.dynamic_feature_spec(seq, next_sentence_labels=nsp)
+  form = input_pipeline.instance_form(record_path)
+  nsp = form == "pairs"
+  spec = F.dynamic_feature_spec(seq, next_sentence_labels=nsp, packed=form == "documents")
   names = ("input_ids", "lengths") + (("segment_ids", "next_sentence_labels") if nsp else ())
   parts: Dict[str, List[np.ndarray]] = {name: [] for name in names}
   for batch in tf.data.TFRecordDataset(record_path).batch(4096).map(

@@ -147,6 +147,12 @@ class BertConfig:
   def validate_family(self, fail) -> None:
     """The checks of a family's own fields (`fail(field, why)` raises); BERT has none."""
 
+  @classmethod
+  def older_values(cls, values: Dict[str, Any]) -> Dict[str, Any]:
+    """`values` of a config written by an older bert_jax, as this version reads them (a family's
+    field added since, say); BERT's are read as they are."""
+    return values
+
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
@@ -183,6 +189,7 @@ class BertConfig:
       target = cls.family_class(family)
     except ValueError as e:
       raise ValueError(f"Invalid config{' in ' + source if source else ''}: {e}") from e
+    values = target.older_values(values)
     known = {f.name for f in dataclasses.fields(target)}
     kwargs = {k: v for k, v in values.items() if k in known}
     if "layer_norm_eps" not in values and "layer_norm_epsilon" in values:

@@ -10,14 +10,19 @@ The input yields micro-batches of the start size, always (so the tf.data pipelin
 position are those of a run at that batch), and step `s` consumes k(s) of them, its gradient
 accumulated over the k (`runtime.step`: the loss normalised by the whole step's totals, so the
 update is the k * start batch's). k is a pure function of the step: the tokens trained before
-step s are the sum of k * start * seq_len over the steps before it, and
+step s are the sum of k * start * seq_len over the steps before it, and k rises from 1 to
+K = final / start as ModernBERT's `BatchSizeWarmupScheduler` (its sequence_packer.py) raises its
+batch: level k (k * start rows) lasts until the tokens trained reach
 
-    k(s) = min(K, 1 + floor((K - 1) * tokens_before(s) / tokens)),   K = final / start,
+    threshold(k) = ceil(tokens * (1 + 2 + ... + k) / (1 + 2 + ... + (K - 1))),
 
-a staircase of K - 1 equal increments of `start` rows, evenly spaced in tokens, at K from
-`tokens` on. A resumed run computes the same k for every step, and the input position saved
+so every level spends the same number of steps (the tokens of level k grow with its batch), and
+the batch is K from `tokens` on. (Equal tokens per level would spend K - 1 times as many steps on
+the first level as on the last: about 37% more steps over ModernBERT's ramp.) ModernBERT counts
+each GPU's non-padding tokens against tokens / GPUs; here tokens are row positions (rows x
+max_seq_length, padding included) of all hosts together: the same switch points within a step for
+packed rows. A resumed run computes the same k for every step, and the input position saved
 with a checkpoint is the micro-batch it stopped at: exact resume anywhere on the ramp.
-Tokens are row positions (rows x max_seq_length, padding included).
 """
 import bisect
 import dataclasses
@@ -44,15 +49,20 @@ class BatchRamp:
   def max_multiple(self) -> int:
     return self.final // self.start
 
+  def threshold(self, k: int) -> int:
+    """The tokens trained at which level k (k * start rows) ends, 1 <= k < K (module docstring):
+    ceil(tokens * k (k + 1) / (K (K - 1))), exact integers."""
+    big_k = self.max_multiple
+    return -(-int(self.tokens) * k * (k + 1) // (big_k * (big_k - 1)))
+
   @functools.cached_property
   def _segments(self) -> List[Tuple[int, int, int]]:
     """(first step, k, micro-batches before that step) of each k, ascending; exact integers."""
-    big_k, width = self.max_multiple, int(self.tokens)
     segments, step, micro = [(0, 1, 0)], 0, 0
-    for k in range(1, big_k):   # the first step at k + 1: (K - 1) * T >= k * W
-      unit = self.start * self.seq_len   # tokens per micro-batch
-      missing = k * width - (big_k - 1) * micro * unit
-      steps = 0 if missing <= 0 else -(-missing // ((big_k - 1) * k * unit))
+    unit = self.start * self.seq_len   # tokens per micro-batch
+    for k in range(1, self.max_multiple):   # the first step at k + 1: tokens >= threshold(k)
+      missing = self.threshold(k) - micro * unit
+      steps = 0 if missing <= 0 else -(-missing // (k * unit))
       step, micro = step + steps, micro + steps * k
       segments.append((step, k + 1, micro))
     return segments

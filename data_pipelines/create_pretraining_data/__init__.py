@@ -25,6 +25,13 @@ into `[CLS]` + max_seq_length - 2 tokens + `[SEP]` (`contiguous_arrays`); the la
 stream is zero-padded. Records: input_ids, input_mask, segment_ids (all 0), plus the masked_lm_*
 features (static) or is_word_continuation (dynamic); no next_sentence_labels.
 
+`--instances=documents` keeps documents apart instead (ModernBERT's packing): each document,
+cut into pieces of at most max_seq_length - 2 tokens, is a `[CLS] piece [SEP]` sequence of its
+own; per block and pass the sequences are packed into rows first-fit in decreasing length
+(`documents_arrays`), and the records add `sequence_ids` (which sequence of the row a token
+belongs to) and `position_ids` (restarting at each sequence): attention and rotary positions stay
+inside the document.
+
 Scale (what the original could not do: it held the whole corpus and every instance in memory):
   1. The input is streamed in blocks of `--documents_per_block` documents. Each block is an
      independent unit of the original algorithm (its documents shuffled, random-next B drawn from
@@ -67,9 +74,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first
 Document = List[List[int]]  # sentences of token ids
 
 _MAX_REPORTED_BAD_LINES = 10
-# What an instance is: a sentence pair with its NSP label (the original), or a cut of the
-# documents' contiguous token stream (no NSP; RoBERTa's FULL-SENTENCES, ModernBERT).
-INSTANCES = ("pairs", "contiguous")
+# What an instance is: a sentence pair with its NSP label (the original); a cut of the documents'
+# contiguous token stream (no NSP; RoBERTa's FULL-SENTENCES: attention crosses documents); or
+# documents as sequences of their own packed into rows (no NSP; ModernBERT's packing: attention
+# and positions stay inside each document).
+INSTANCES = ("pairs", "contiguous", "documents")
+# Instance forms without NSP labels.
+WITHOUT_NSP = ("contiguous", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +93,7 @@ class Options:
   masked_lm_prob: float = 0.15
   short_seq_prob: float = 0.1
   masking: str = "static"             # static (the original) | dynamic (mask while training)
-  instances: str = "pairs"            # pairs (the original, NSP) | contiguous (no NSP)
+  instances: str = "pairs"            # pairs (the original, NSP) | contiguous | documents
   mask_mixture: str = "80/10/10"      # MASK/SAME/RND, appendix C.2
   do_whole_word_mask: bool = False
   documents_per_block: int = 2000     # unit of work and of random-next sampling
@@ -92,7 +103,7 @@ class Options:
   def validate(self) -> None:
     if self.instances not in INSTANCES:
       raise ValueError(f"instances={self.instances!r}: expected one of {INSTANCES}")
-    if self.instances == "contiguous" and self.max_seq_length < 3:
+    if self.instances in WITHOUT_NSP and self.max_seq_length < 3:
       raise ValueError(f"max_seq_length={self.max_seq_length}: needs room for [CLS] text [SEP] "
                        "(at least 3)")
     if self.instances == "pairs" and self.max_seq_length < 5:
@@ -225,6 +236,59 @@ def contiguous_arrays(documents: Sequence[Document], max_seq_length: int, cls_id
           F.SEGMENT_IDS: np.zeros((rows, max_seq_length), np.int64)}
 
 
+def document_pieces(documents: Sequence[Document], max_seq_length: int) -> List[np.ndarray]:
+  """Each document's tokens (its sentences joined), cut from its start into pieces of at most
+  max_seq_length - 2 tokens: the sequences `documents_arrays` packs, in document order."""
+  width = max_seq_length - 2
+  pieces = []
+  for document in documents:
+    tokens = np.fromiter((t for sentence in document for t in sentence), np.int64)
+    pieces.extend(tokens[start:start + width] for start in range(0, len(tokens), width))
+  return pieces
+
+
+def documents_arrays(documents: Sequence[Document], max_seq_length: int, cls_id: int,
+                     sep_id: int) -> Dict[str, np.ndarray]:
+  """Documents as sequences of their own, packed into rows: int64 arrays [N, S], no NSP.
+
+  Every piece of `document_pieces` (a document, or a row-length part of a longer one) becomes
+  `[CLS] piece [SEP]`, and the sequences fill rows first-fit in decreasing length (ties in
+  document order; deterministic), as ModernBERT's sequence packer fills its rows. Beside
+  input_ids, input_mask and segment_ids (all 0):
+
+    sequence_ids  [S]  k = 1, 2, ... for the tokens of the row's k-th sequence, 0 for padding:
+                       attention stays inside a sequence (data_pipelines/packing.py)
+    position_ids  [S]  0, 1, ... restarting at each sequence's [CLS]
+  """
+  pieces = document_pieces(documents, max_seq_length)
+  lengths = [len(piece) + 2 for piece in pieces]
+  order = sorted(range(len(pieces)), key=lambda i: (-lengths[i], i))
+  rows: List[List[int]] = []
+  free: List[int] = []
+  for index in order:
+    for row, room in enumerate(free):
+      if lengths[index] <= room:
+        rows[row].append(index)
+        free[row] -= lengths[index]
+        break
+    else:
+      rows.append([index])
+      free.append(max_seq_length - lengths[index])
+  names = (F.INPUT_IDS, F.INPUT_MASK, F.SEGMENT_IDS, F.SEQUENCE_IDS, F.POSITION_IDS)
+  arrays = {name: np.zeros((len(rows), max_seq_length), np.int64) for name in names}
+  for row, members in enumerate(rows):
+    offset = 0
+    for k, index in enumerate(sorted(members)):
+      n = lengths[index]
+      span = slice(offset, offset + n)
+      arrays[F.INPUT_IDS][row, span] = np.concatenate([[cls_id], pieces[index], [sep_id]])
+      arrays[F.INPUT_MASK][row, span] = 1
+      arrays[F.SEQUENCE_IDS][row, span] = k + 1
+      arrays[F.POSITION_IDS][row, span] = np.arange(n)
+      offset += n
+  return arrays
+
+
 def _int64_feature(values):
   import tensorflow as tf
   return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
@@ -264,6 +328,7 @@ class Stats:
   empty_documents: int = 0
   sentences: int = 0
   instances: int = 0
+  sequences: int = 0                  # documents as sequences: the sequences in the rows
   tokens: int = 0
   is_next: int = 0
   not_next: int = 0
@@ -294,7 +359,9 @@ class Stats:
         (f"NSP balance          IsNext {self.is_next:,} ({100 * self.is_next / pairs:.1f}%), "
          f"NotNext {self.not_next:,} ({100 * self.not_next / pairs:.1f}%)"
          if self.is_next + self.not_next or not self.instances else
-         "NSP                  none (contiguous instances)"),
+         "NSP                  none (contiguous instances)" if not self.sequences else
+         f"NSP                  none; {self.sequences:,} document sequences packed "
+         f"({self.sequences / max(self.instances, 1):.1f} per row)"),
         f"masked tokens        {self.masked_tokens:,}" + (
             f" ({100 * self.masked_tokens / max(self.tokens, 1):.1f}% of tokens)"
             if self.masked_tokens else " (dynamic masking: masked at training time)"),
@@ -357,12 +424,12 @@ class BlockBuilder:
       return
     rng.shuffle(docs)
     for dupe in range(opts.dupe_factor):
-      if opts.instances == "contiguous":
-        if dupe:  # a fresh document order, hence other cut points, on every pass
+      if opts.instances in WITHOUT_NSP:
+        if dupe:  # a fresh document order: other cut points, other rows, on every pass
           rng.shuffle(docs)
         instances = None
-        arrays = contiguous_arrays(docs, opts.max_seq_length, self.special.cls_id,
-                                   self.special.sep_id)
+        rows = contiguous_arrays if opts.instances == "contiguous" else documents_arrays
+        arrays = rows(docs, opts.max_seq_length, self.special.cls_id, self.special.sep_id)
         order = list(range(len(arrays[F.INPUT_IDS])))
         rng.shuffle(order)
         arrays = {name: value[order] for name, value in arrays.items()}
@@ -408,14 +475,17 @@ class BlockBuilder:
                      F.MASKED_LM_POSITIONS: merged[F.MASKED_LM_POSITIONS],
                      F.MASKED_LM_IDS: merged[F.MASKED_LM_IDS],
                      F.MASKED_LM_WEIGHTS: merged[F.MASKED_LM_WEIGHTS]}
-    if F.NEXT_SENTENCE_LABELS in arrays:
-      masked_arrays[F.NEXT_SENTENCE_LABELS] = arrays[F.NEXT_SENTENCE_LABELS]
+    for name in (F.NEXT_SENTENCE_LABELS, F.SEQUENCE_IDS, F.POSITION_IDS):
+      if name in arrays:
+        masked_arrays[name] = arrays[name]
     return masked_arrays
 
   @staticmethod
   def _count(instances: Optional[Sequence[Instance]], arrays, stats: Stats) -> None:
-    """Counts a pass's records; `instances` None for contiguous ones (no NSP, no truncation)."""
+    """Counts a pass's records; `instances` None for rows without NSP (no truncation)."""
     stats.instances += len(arrays[F.INPUT_IDS])
+    if F.SEQUENCE_IDS in arrays:
+      stats.sequences += int(arrays[F.SEQUENCE_IDS].max(axis=1, initial=0).sum())
     stats.tokens += int(arrays[F.INPUT_MASK].sum())
     if instances is not None:
       not_next = sum(inst.is_random_next for inst in instances)

@@ -36,11 +36,15 @@ def define_flags():
   flags.DEFINE_enum("masking", "static", ["static", "dynamic"],
                     "static: masks stored in the records (the original); dynamic: unmasked "
                     "records, masked by the training pipeline on every read.")
-  flags.DEFINE_enum("instances", "pairs", ["pairs", "contiguous"],
+  flags.DEFINE_enum("instances", "pairs", ["pairs", "contiguous", "documents"],
                     "pairs: [CLS] A [SEP] B [SEP] with next_sentence_labels (the original); "
                     "contiguous: the documents' token stream (each document followed by [SEP]) "
-                    "cut into [CLS] + max_seq_length-2 tokens + [SEP], no NSP labels (for the "
-                    "'mlm' and 'ltr' objectives; --short_seq_prob does not apply).")
+                    "cut into [CLS] + max_seq_length-2 tokens + [SEP], attention across "
+                    "documents (RoBERTa's FULL-SENTENCES); documents: each document (cut at "
+                    "max_seq_length-2 tokens) a [CLS] ... [SEP] sequence of its own, packed "
+                    "into rows with sequence_ids and position_ids, attention and positions "
+                    "inside the document (ModernBERT's packing). The last two: no NSP labels "
+                    "(the 'mlm' and 'ltr' objectives; --short_seq_prob does not apply).")
   flags.DEFINE_string("mask_mixture", "80/10/10", "MASK/SAME/RND percentages (appendix C.2).")
   flags.DEFINE_integer("num_workers", 1, "Processes creating instances.")
   flags.DEFINE_integer("documents_per_block", 2000, "Documents per unit of work; a random-next "

@@ -1,7 +1,7 @@
 """`ModernBertConfig`: the ModernBERT family's fields (names as transformers' ModernBertConfig)
 on the shared base, its released sizes, and its counterpart of a BERT size."""
 import dataclasses
-from typing import Any, ClassVar, Dict
+from typing import Any, ClassVar, Dict, Optional
 
 from bert_jax.model.config import ACTIVATIONS, BertConfig
 
@@ -13,12 +13,17 @@ POOLINGS = ("cls", "mean")
 class ModernBertConfig(BertConfig, family="modernbert"):
   """Pre-norm blocks, rotary positions, no token types, GLU MLP, alternating local/global
   attention, its own MLM head and initialisation (bert_jax/families/modernbert/model.py).
-  hidden_dropout_prob is its embedding and MLP dropout, attention_probs_dropout_prob its attention
-  dropout, layer_norm_eps its norm_eps. The defaults are ModernBERT-base's shared fields
+  hidden_dropout_prob is its embedding and MLP dropout, attention_probs_dropout_prob the dropout of
+  the attention probabilities and attention_output_dropout_prob that of the attention block's
+  output (ModernBERT's own training has the two apart: 0.0 and 0.1), layer_norm_eps its norm_eps. The defaults are ModernBERT-base's shared fields
   (transformers' ModernBertConfig, answerdotai/ModernBERT-base's config.json)."""
   vocab_size: int = 50368            # the tokenizer's 50,280 padded to a multiple of 64
   hidden_dropout_prob: float = 0.0
   attention_probs_dropout_prob: float = 0.0
+  # The dropout after the attention block's output projection (Wo). transformers' ModernBERT
+  # has one `attention_dropout` for both (read into both; convert.py), and a config written
+  # before this field had one rate for both (`from_dict` reads it so).
+  attention_output_dropout_prob: float = 0.0
   max_position_embeddings: int = 8192
   type_vocab_size: int = 1
   layer_norm_eps: float = 1e-5
@@ -54,7 +59,18 @@ class ModernBertConfig(BertConfig, family="modernbert"):
                                num_attention_heads=16),
   }
 
+  @classmethod
+  def older_values(cls, values: Dict[str, Any]) -> Dict[str, Any]:
+    """A config written before `attention_output_dropout_prob` applied its attention rate to the
+    output too, and still does."""
+    if "attention_output_dropout_prob" in values:
+      return values
+    return dict(values, attention_output_dropout_prob=values.get(
+        "attention_probs_dropout_prob", cls.attention_probs_dropout_prob))
+
   def validate_family(self, fail) -> None:
+    if not 0.0 <= self.attention_output_dropout_prob < 1.0:
+      fail("attention_output_dropout_prob", "must be in [0, 1)")
     if self.norm_type not in NORM_TYPES:
       fail("norm_type", f"expected one of {NORM_TYPES}")
     if self.classifier_pooling not in POOLINGS:

@@ -18,8 +18,10 @@ module is only the renaming and the config translation.
 `ModernBertModel`'s keys have no `model.` prefix. The config: `layer_types` (and the older
 `global_attn_every_n_layers`) <-> `global_attn_every_n_layers`; `rope_parameters` (and the older
 `global_rope_theta` / `local_rope_theta`) <-> the two thetas; `norm_eps` <-> `layer_norm_eps`;
-`mlp_dropout` (= `embedding_dropout`) <-> `hidden_dropout_prob`; `attention_dropout` <->
-`attention_probs_dropout_prob`; `hidden_activation` <-> `hidden_act`.
+`mlp_dropout` (= `embedding_dropout`) <-> `hidden_dropout_prob`; `attention_dropout` (one rate,
+transformers drops the probabilities and the attention output with it) <->
+`attention_probs_dropout_prob` and `attention_output_dropout_prob` (written apart beside it too,
+read back first); `hidden_activation` <-> `hidden_act`.
 """
 import dataclasses
 import re
@@ -65,7 +67,13 @@ def bert_config_from_huggingface(values: Dict[str, Any], source: str) -> ModernB
   fields["hidden_act"] = values.get("hidden_activation", fields["hidden_act"])
   fields["layer_norm_eps"] = values.get("norm_eps", fields["layer_norm_eps"])
   fields["hidden_dropout_prob"] = float(values.get("mlp_dropout", 0.0))
-  fields["attention_probs_dropout_prob"] = float(values.get("attention_dropout", 0.0))
+  # transformers' one attention rate drops both the probabilities and the block's output; a
+  # config bert_jax exported records its two rates apart (`huggingface_config`).
+  attention = float(values.get("attention_dropout", 0.0))
+  fields["attention_probs_dropout_prob"] = float(
+      values.get("attention_probs_dropout_prob", attention))
+  fields["attention_output_dropout_prob"] = float(
+      values.get("attention_output_dropout_prob", attention))
   if float(values.get("embedding_dropout", 0.0)) != fields["hidden_dropout_prob"]:
     raise ValueError(f"{source}: embedding_dropout {values.get('embedding_dropout')} differs "
                      f"from mlp_dropout {values.get('mlp_dropout')}; bert_jax has one rate for "
@@ -108,6 +116,10 @@ def huggingface_config(config: BertConfig, architecture: str) -> Dict[str, Any]:
       hidden_activation=config.hidden_act, norm_eps=config.layer_norm_eps,
       mlp_dropout=config.hidden_dropout_prob, embedding_dropout=config.hidden_dropout_prob,
       attention_dropout=config.attention_probs_dropout_prob, classifier_dropout=0.0,
+      # transformers applies `attention_dropout` to the probabilities and the output alike; the
+      # two rates are kept apart beside it, so bert_jax reads back what it wrote.
+      attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+      attention_output_dropout_prob=config.attention_output_dropout_prob,
       layer_types=layer_types,
       rope_parameters={"full_attention": {"rope_type": "default",
                                           "rope_theta": config.global_rope_theta},

@@ -228,7 +228,7 @@ class Attention(nn.Module):
       out = wo(out, "bnsd,ndh->bsh", (heads, dim, hidden), (hidden,))          # [B, S, H]
     else:
       out = wo(out.reshape(batch, seq_len, hidden))                            # [B, S, H]
-    return _blocks(c).Dropout(c.attention_probs_dropout_prob)(out, deterministic=deterministic)
+    return _blocks(c).Dropout(c.attention_output_dropout_prob)(out, deterministic=deterministic)
 
 
 class Mlp(nn.Module):

@@ -89,6 +89,11 @@ def ltr_targets(batch) -> Tuple[jax.Array, jax.Array]:
   mask = batch["input_mask"].astype(jnp.float32)
   labels = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
   weights = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
+  if packing.SEQUENCE_IDS in batch:   # packed rows: the last token of a sequence predicts nothing
+    sequence = batch[packing.SEQUENCE_IDS]                                         # [B, S]
+    same = jnp.concatenate([sequence[:, 1:] == sequence[:, :-1],
+                            jnp.zeros_like(sequence[:, :1], bool)], axis=1)
+    weights = weights * same
   return labels, weights
 
 
@@ -96,7 +101,7 @@ def loss_terms(model, params, batch, objective: str, rng=None, deterministic=Tru
   """Sums (not means) of the loss terms, so they aggregate exactly across batches and devices."""
   example_weight = batch.get("example_weight")
   positions = None if objective == "ltr" else batch["masked_lm_positions"]
-  packed = "cls_positions" in batch
+  packed = packing.SEQUENCE_IDS in batch   # packed pairs, or documents as sequences
   outputs = model.apply(
       {"params": params}, batch["input_ids"],
       packing.attention_mask(batch) if packed else batch["input_mask"], batch["segment_ids"],
@@ -368,7 +373,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
 
 def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str, np.ndarray]:
   """A host batch with the shapes and dtypes the training pipeline gives the step (packed rows
-  with `config.data.packing`, unless `packed` says otherwise: evaluation is never packed)."""
+  with `config.data.packing`, unless `packed` says otherwise: evaluation is never packed; rows of
+  packed documents with `config.data.instances="documents"`, in training and evaluation alike)."""
   s, p = config.max_seq_length, config.max_predictions_per_seq
   ids = np.zeros((1, s), np.int32)
   ids[0, :4] = 1
@@ -378,7 +384,11 @@ def example_batch(config, rows: int, packed: Optional[bool] = None) -> Dict[str,
            F.MASKED_LM_IDS: np.zeros((1, p), np.int32),
            F.MASKED_LM_WEIGHTS: np.zeros((1, p), np.float32),
            F.NEXT_SENTENCE_LABELS: np.zeros((1, 1), np.int32)}
-  if config.data.packing if packed is None else packed:
+  if config.data.instances == "documents":   # rows of packed documents, training and evaluation
+    del batch[F.NEXT_SENTENCE_LABELS]
+    batch[F.SEQUENCE_IDS] = batch[F.INPUT_MASK].copy()
+    batch[F.POSITION_IDS] = np.arange(s, dtype=np.int32)[None] * batch[F.INPUT_MASK]
+  elif config.data.packing if packed is None else packed:
     batch = packing.pack_batch(batch, config.data.max_pairs_per_row, p)
   return {k: np.repeat(v[:1], rows, axis=0) for k, v in batch.items()}
 

@@ -21,8 +21,8 @@ def settings(config: ml_collections.ConfigDict):
   if instances not in create_pretraining_data.INSTANCES:
     raise ValueError(f"config.data.instances={instances!r}: expected one of "
                      f"{create_pretraining_data.INSTANCES}")
-  if instances == "contiguous" and config.objective == "mlm_nsp":
-    raise ValueError("config.data.instances='contiguous' writes records without NSP labels, but "
+  if instances in create_pretraining_data.WITHOUT_NSP and config.objective == "mlm_nsp":
+    raise ValueError(f"config.data.instances={instances!r} writes records without NSP labels, but "
                      "config.objective='mlm_nsp' trains NSP: use --config.objective=mlm (or ltr), "
                      "or config.data.instances='pairs'")
   tokenizer = config.tokenizer
