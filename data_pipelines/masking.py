@@ -1,21 +1,44 @@
 """Masked-LM masking (spec section 2): THE one implementation, shared by the static record writer
 (`create_pretraining_data --masking=static`) and the tf.data reader (dynamic masking).
 
-Per sequence, num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))
-with len the number of real tokens ([CLS]/[SEP] counted). Candidates are the real positions
-except [CLS] and [SEP]. Candidate *words* (a piece plus its continuation pieces with whole-word
-masking, otherwise every piece alone) are visited in random order and taken whole while they fit
-the budget; a word that would overflow is skipped and later, smaller words may still fit, as in
-the original. Each chosen piece is replaced by [MASK] (mask_token_prob), a uniformly random id
-(random_token_prob) or kept. Positions come out sorted, zero-padded with weight 0.
+Candidates are the real positions except [CLS] and [SEP] (padding, [CLS] and [SEP] are never
+chosen). Candidate *words* (a piece plus its continuation pieces with whole-word masking,
+otherwise every piece alone) are chosen in one of two ways (`MaskingConfig.selection`):
+  * "count" (BERT's, the default): per sequence, num_to_predict = min(max_predictions_per_seq,
+    max(1, round(len * masked_lm_prob))) with len the number of real tokens ([CLS]/[SEP]
+    counted). Words are visited in random order and taken whole while they fit the budget; a word
+    that would overflow is skipped and later, smaller words may still fit, as in the original.
+  * "bernoulli" (ModernBERT's training): every candidate word is chosen on its own with
+    probability masked_lm_prob (with whole-word masking a word's pieces are chosen or left
+    together, so a piece's rate is still masked_lm_prob), so the count varies from row to row
+    and can be 0. The max_predictions_per_seq slots still bound it: the chosen words are visited
+    in a random order and kept while they fit, as "count" does with its budget; the rest are
+    dropped (left unmasked). Size the slots well above len * masked_lm_prob and few are dropped.
+Each chosen piece is replaced by [MASK] (mask_token_prob), a random id (random_token_prob) or
+kept. The random id is uniform over (`MaskingConfig.random_tokens`):
+  * "vocabulary" (BERT's, the default): every id of the tokenizer, [0, vocab_size);
+  * "in_use": the ids of ordinary text pieces, `SpecialTokens.in_use_ids()`: the tokenizer's ids
+    without its special tokens ([PAD] [UNK] [CLS] [SEP] [MASK], any other it marks special) and
+    reserved entries (WordPiece's `[unusedN]`). Ids past the tokenizer's vocabulary (a model's
+    vocab_size padded to a multiple of 64) are drawn by neither.
+Positions come out sorted, zero-padded with weight 0.
+
+Where ModernBERT differs: its own training code (`SequencePacker.mlm_masking`, a numpy port of
+transformers' `DataCollatorForLanguageModeling`) chooses every non-padding position with
+probability masked_lm_prob, [CLS] and [SEP] included (its training passes no special tokens to
+leave out; AnswerDotAI/ModernBERT issue #212), predicts every chosen position (no slot bound), and
+draws its random ids uniformly from [0, the largest id in the batch]. Here [CLS], [SEP] and
+padding are never chosen in either mode, the slots bound the predictions, and "in_use" draws
+only ordinary text pieces, from the whole tokenizer.
 
 Everything is vectorised over the batch with TensorFlow's *stateless* random ops, so the result is
 a pure function of (inputs, seed): identical eagerly and inside `tf.data`, and resumable.
-Shapes: B batch, S sequence, W words (<= S), P max_predictions_per_seq.
+Shapes: B batch, S sequence, W words (<= S), P max_predictions_per_seq, V in-use ids.
 """
 import dataclasses
-from typing import Dict
+from typing import Dict, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from data_pipelines import features as F
@@ -24,6 +47,11 @@ _MIXTURES = {  # appendix C.2: MASK / SAME / RND
     "80/10/10": (0.8, 0.1), "100/0/0": (1.0, 0.0), "80/0/20": (0.8, 0.2),
     "80/20/0": (0.8, 0.0), "0/20/80": (0.0, 0.8), "0/0/100": (0.0, 1.0),
 }
+# The options and the config field and flag each is set by (named when a value is refused).
+SELECTIONS = ("count", "bernoulli")
+RANDOM_TOKENS = ("vocabulary", "in_use")
+_OPTION_SOURCES = {"selection": "config.data.mask_selection, --mask_selection",
+                   "random_tokens": "config.data.random_token_ids, --random_token_ids"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +61,15 @@ class MaskingConfig:
   mask_token_prob: float = 0.8      # share of chosen pieces replaced by [MASK]
   random_token_prob: float = 0.1    # share replaced by a random id; the rest stay unchanged
   whole_word_mask: bool = False
+  selection: str = "count"          # count (BERT's) | bernoulli (ModernBERT's): module docstring
+  random_tokens: str = "vocabulary"  # vocabulary (BERT's) | in_use: what a random id is drawn from
 
   def __post_init__(self):
+    for name, choices in (("selection", SELECTIONS), ("random_tokens", RANDOM_TOKENS)):
+      value = getattr(self, name)
+      if value not in choices:
+        raise ValueError(f"MaskingConfig.{name}={value!r} ({_OPTION_SOURCES[name]}): expected "
+                         f"one of {', '.join(map(repr, choices))}")
     for name in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
@@ -64,16 +99,32 @@ class MaskingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SpecialTokens:
+  """The tokenizer's ids the masking needs. vocab_size is the tokenizer's (random ids are drawn
+  below it), not the model's, which may be padded past it."""
   cls_id: int
   sep_id: int
   pad_id: int
   mask_id: int
   vocab_size: int
+  # Ids that are not ordinary text pieces (the tokenizer's `special_ids`: its special tokens and
+  # reserved entries), left out of "in_use" random ids; [CLS], [SEP], [PAD] and [MASK] always are.
+  special_ids: Tuple[int, ...] = ()
 
   @classmethod
   def from_tokenizer(cls, tokenizer) -> "SpecialTokens":
     return cls(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id,
-               mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size)
+               mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+               special_ids=tuple(tokenizer.special_ids))
+
+  def in_use_ids(self) -> np.ndarray:
+    """What `random_tokens="in_use"` draws from: [0, vocab_size) without `special_ids`, [CLS],
+    [SEP], [PAD] and [MASK]; sorted int32 [V]."""
+    left_out = list(self.special_ids) + [self.cls_id, self.sep_id, self.pad_id, self.mask_id]
+    ids = np.setdiff1d(np.arange(self.vocab_size, dtype=np.int32), np.array(left_out, np.int32))
+    if not len(ids):
+      raise ValueError(f"random_tokens='in_use': the vocabulary of {self.vocab_size} ids has "
+                       "nothing but special tokens")
+    return ids
 
 
 def _choose_words(word_keys, word_sizes, budget):
@@ -123,11 +174,6 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
   continuation = tf.cast(is_word_continuation, tf.bool)
   seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
   batch, seq_len = tf.shape(ids)[0], tf.shape(ids)[1]
-  length = tf.reduce_sum(tf.cast(real, tf.int32), axis=1)                # [B]
-
-  # Python's round() (half to even) like the original; tf.round rounds half to even too.
-  budget = tf.cast(tf.round(tf.cast(length, tf.float64) * config.masked_lm_prob), tf.int32)
-  budget = tf.minimum(config.max_predictions_per_seq, tf.maximum(1, budget))
 
   candidate = real & tf.not_equal(ids, special.cls_id) & tf.not_equal(ids, special.sep_id)
   previous_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
@@ -137,10 +183,24 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
   word_id = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1         # [B, S]
   word_id = tf.where(candidate, word_id, seq_len)  # non-candidates: an out-of-range word
   word_sizes = _word_sizes(word_id, seq_len)                             # [B, W]
-  word_keys = tf.random.stateless_uniform([batch, seq_len], seeds[0])
-  word_keys = tf.where(word_sizes > 0, word_keys, 2.0)  # missing words last
+  word_keys = tf.random.stateless_uniform([batch, seq_len], seeds[0])  # [B, W]
+  eligible = word_sizes > 0                                              # [B, W]
+  if config.selection == "bernoulli":
+    # A word is chosen when its key is below masked_lm_prob. The chosen words' keys are then
+    # uniform below it, so key order visits them in a random order: the greedy passes below keep
+    # the first that fit the P slots and drop the rest.
+    eligible &= word_keys < config.masked_lm_prob
+    budget = tf.fill([batch], config.max_predictions_per_seq)            # [B]
+  else:
+    length = tf.reduce_sum(tf.cast(real, tf.int32), axis=1)              # [B]
+    # Python's round() (half to even) like the original; tf.round rounds half to even too.
+    budget = tf.cast(tf.round(tf.cast(length, tf.float64) * config.masked_lm_prob), tf.int32)
+    budget = tf.minimum(config.max_predictions_per_seq, tf.maximum(1, budget))  # [B]
+  word_keys = tf.where(eligible, word_keys, 2.0)  # missing (or not chosen) words last
   if config.whole_word_mask:
-    take = _choose_words(word_keys, word_sizes, budget)                  # [B, W]
+    # A word left out has size 0 here, which the greedy pass never takes ("count": only the
+    # missing words, whose size is 0 anyway).
+    take = _choose_words(word_keys, tf.where(eligible, word_sizes, 0), budget)  # [B, W]
   else:
     # Every word is one piece, so the greedy pass takes exactly the first `budget` words in key
     # order: the same choice as `_choose_words` without its sequential scan over W. top_k of the
@@ -153,13 +213,18 @@ def mask_batch(input_ids, input_mask, is_word_continuation, *, config: MaskingCo
     rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(first))    # [B, k]
     take = tf.scatter_nd(tf.stack([rows, first], axis=-1), within,
                          tf.stack([batch, seq_len])) > 0                 # [B, W]
-    take &= word_sizes > 0
+    take &= eligible
   chosen = candidate & tf.gather(tf.pad(take, [[0, 0], [0, 1]]), word_id, batch_dims=1)
 
   # 80/10/10 (configurable) per chosen piece.
   decide = tf.random.stateless_uniform([batch, seq_len], seeds[1])
-  random_ids = tf.random.stateless_uniform([batch, seq_len], seeds[2], minval=0,
-                                           maxval=special.vocab_size, dtype=tf.int32)
+  if config.random_tokens == "in_use":
+    in_use = tf.constant(special.in_use_ids())                           # [V]
+    random_ids = tf.gather(in_use, tf.random.stateless_uniform(
+        [batch, seq_len], seeds[2], minval=0, maxval=len(in_use), dtype=tf.int32))  # [B, S]
+  else:
+    random_ids = tf.random.stateless_uniform([batch, seq_len], seeds[2], minval=0,
+                                             maxval=special.vocab_size, dtype=tf.int32)
   replaced = tf.where(decide < config.mask_token_prob, special.mask_id,
                       tf.where(decide < config.mask_token_prob + config.random_token_prob,
                                random_ids, ids))

@@ -59,6 +59,13 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # (ModernBERT's 0.30) is still scored at BERT's, on the positions the seed picks.
   c.data.eval_masked_lm_prob = 0.15
   c.data.whole_word_mask = False
+  # Dynamic masking's choice of positions: "count" (BERT's: round(length x masked_lm_prob) per
+  # row) or "bernoulli" (ModernBERT's: each position alone with probability masked_lm_prob, at
+  # most max_predictions_per_seq kept); and what a random replacement is drawn from: the whole
+  # "vocabulary" (BERT's) or the ids "in_use" (no special tokens, no [unusedN] entries). The
+  # held-out records are masked by "count" whatever the recipe, so all are scored alike.
+  c.data.mask_selection = "count"
+  c.data.random_token_ids = "vocabulary"
   c.data.shuffle_buffer_size = 10_000
   # Sequence packing (training only; evaluation stays unpacked): several NSP pairs share a row with
   # block-diagonal attention and restarted positions, so global_batch_size counts *rows*. A row

@@ -337,6 +337,18 @@ class WordpieceTokenizer:
     return output_tokens
 
 
+# Reserved placeholder entries: [unused0], [unused1], ... (BERT's release, the vocabularies
+# `data_pipelines.build_vocab --num_unused` writes, ModernBERT's tokenizer.json).
+_RESERVED_TOKEN = re.compile(r"\[unused\d+\]", re.IGNORECASE)
+
+
+def _special_ids(vocab: Dict[str, int], special_tokens: Iterable[str]) -> List[int]:
+  """Ids of `special_tokens` and of the reserved `[unusedN]` entries of `vocab`, sorted."""
+  special = frozenset(special_tokens)
+  return sorted(i for token, i in vocab.items()
+                if token in special or _RESERVED_TOKEN.fullmatch(token))
+
+
 def _special_id(vocab: Dict[str, int], token: str, where: str) -> int:
   if token not in vocab:
     raise KeyError(f"Special token {token} is not in the vocabulary {where}")
@@ -394,6 +406,12 @@ class FullTokenizer:
   @property
   def mask_id(self) -> int:
     return _special_id(self.vocab, MASK, self.vocab_file)
+
+  @property
+  def special_ids(self) -> List[int]:
+    """Ids that are no ordinary text piece, sorted: [PAD] [UNK] [CLS] [SEP] [MASK] and the
+    reserved `[unusedN]` entries (what the masking's in-use random ids leave out)."""
+    return _special_ids(self.vocab, SPECIAL_TOKENS)
 
   def tokenize(self, text: TextLike) -> List[str]:
     normalized = self.basic_tokenizer.normalize(text)
@@ -502,6 +520,15 @@ class SentencePieceTokenizer:
   @property
   def mask_id(self) -> int:
     return self._special_id(MASK)
+
+  @property
+  def special_ids(self) -> List[int]:
+    """Ids that are no ordinary text piece, sorted: BERT's special pieces, the model's control,
+    unknown and unused pieces, and reserved `[unusedN]` entries (what the masking's in-use
+    random ids leave out)."""
+    marked = [piece for piece, i in self.vocab.items()
+              if self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)]
+    return _special_ids(self.vocab, self._special_pieces | frozenset(marked))
 
   def _pieces(self, text: TextLike) -> List[str]:
     """Text and special-token pieces, alternating (even: text, odd: special)."""
@@ -723,6 +750,7 @@ class HuggingFaceTokenizer:
     added = engine.get_added_tokens_decoder()
     self._added = frozenset(t.content for t in added.values())
     special_added = frozenset(t.content for t in added.values() if t.special)
+    self._special_added = special_added
     self._special_piece = self._find_special_tokens(spec, special_added)
     self._special_pieces = frozenset(self._special_piece.values()) | self._added
     self.pair_separators = self._find_pair_separators(spec)
@@ -837,6 +865,14 @@ class HuggingFaceTokenizer:
   @property
   def mask_id(self) -> int:
     return self.vocab[self.special_token(MASK)]
+
+  @property
+  def special_ids(self) -> List[int]:
+    """Ids that are no ordinary text piece, sorted: BERT's special tokens as found here, the
+    added tokens the file marks special, and reserved `[unusedN]` entries (what the masking's
+    in-use random ids leave out). Added tokens not marked special (ModernBERT's runs of spaces)
+    are text."""
+    return _special_ids(self.vocab, frozenset(self._special_piece.values()) | self._special_added)
 
   def tokenize(self, text: TextLike) -> List[str]:
     # The vocabulary's tokens of the ids: the library's own token strings may carry the text an

@@ -96,6 +96,8 @@ class Options:
   instances: str = "pairs"            # pairs (the original, NSP) | contiguous | documents
   mask_mixture: str = "80/10/10"      # MASK/SAME/RND, appendix C.2
   do_whole_word_mask: bool = False
+  mask_selection: str = "count"       # count (the original) | bernoulli: data_pipelines/masking.py
+  random_token_ids: str = "vocabulary"  # vocabulary (the original) | in_use
   documents_per_block: int = 2000     # unit of work and of random-next sampling
   shuffle_bucket_mb: int = 256        # records shuffled together in memory
   max_line_bytes: int = 1_000_000     # a longer line is cut here (counted), never read whole
@@ -111,6 +113,10 @@ class Options:
                        "[SEP] (at least 5)")
     if self.masking not in ("static", "dynamic"):
       raise ValueError(f"masking={self.masking!r}: expected 'static' or 'dynamic'")
+    for name, choices in (("mask_selection", ("count", "bernoulli")),
+                          ("random_token_ids", ("vocabulary", "in_use"))):
+      if getattr(self, name) not in choices:
+        raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {choices}")
     for name in ("dupe_factor", "documents_per_block", "max_predictions_per_seq",
                  "shuffle_bucket_mb", "max_line_bytes"):
       if getattr(self, name) < 1:
@@ -388,7 +394,8 @@ class BlockBuilder:
     self.masking_config = masking.MaskingConfig.from_mixture(
         options.mask_mixture, masked_lm_prob=options.masked_lm_prob,
         max_predictions_per_seq=options.max_predictions_per_seq,
-        whole_word_mask=options.do_whole_word_mask)
+        whole_word_mask=options.do_whole_word_mask, selection=options.mask_selection,
+        random_tokens=options.random_token_ids)
     tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
     # is_word_continuation depends on the token only: a lookup table over the vocabulary.
     self.continuation = np.array([tokenizer.is_word_continuation(t) for t in tokens], np.int64)

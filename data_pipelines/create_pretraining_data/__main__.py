@@ -46,6 +46,14 @@ def define_flags():
                     "inside the document (ModernBERT's packing). The last two: no NSP labels "
                     "(the 'mlm' and 'ltr' objectives; --short_seq_prob does not apply).")
   flags.DEFINE_string("mask_mixture", "80/10/10", "MASK/SAME/RND percentages (appendix C.2).")
+  flags.DEFINE_enum("mask_selection", "count", ["count", "bernoulli"],
+                    "count: round(length * masked_lm_prob) positions per sequence (the original); "
+                    "bernoulli: each position chosen on its own with probability masked_lm_prob "
+                    "(ModernBERT's; whole words with --do_whole_word_mask), at most "
+                    "--max_predictions_per_seq kept. [CLS], [SEP] and padding never.")
+  flags.DEFINE_enum("random_token_ids", "vocabulary", ["vocabulary", "in_use"],
+                    "What a random replacement is drawn from: every id of the vocabulary (the "
+                    "original), or the ids in use (no special tokens, no [unusedN] entries).")
   flags.DEFINE_integer("num_workers", 1, "Processes creating instances.")
   flags.DEFINE_integer("documents_per_block", 2000, "Documents per unit of work; a random-next "
                        "B comes from the same block.")
@@ -120,6 +128,7 @@ def main(argv):
       dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob,
       short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking, instances=FLAGS.instances,
       mask_mixture=FLAGS.mask_mixture, do_whole_word_mask=FLAGS.do_whole_word_mask,
+      mask_selection=FLAGS.mask_selection, random_token_ids=FLAGS.random_token_ids,
       documents_per_block=FLAGS.documents_per_block, shuffle_bucket_mb=FLAGS.shuffle_bucket_mb,
       max_line_bytes=FLAGS.max_line_bytes, **builder_args)
   if FLAGS.stats_file:

@@ -111,7 +111,8 @@ COMMON_MASKING = "100/0/0"
 # on the same positions of the same held-out documents, in both forms (neither is neutral: NSP
 # pairs are BERT's training form, contiguous text the modern recipe's).
 BERT_HELD_OUT = {"objective": "mlm", "data.mask_mixture": "80/10/10",
-                 "data.eval_masked_lm_prob": 0.15, "max_predictions_per_seq": 20}
+                 "data.random_token_ids": "vocabulary", "data.eval_masked_lm_prob": 0.15,
+                 "max_predictions_per_seq": 20}
 
 
 @dataclasses.dataclass(frozen=True)

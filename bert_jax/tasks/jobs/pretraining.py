@@ -292,7 +292,9 @@ def input_pipeline_for(config, training: bool, process_index: Optional[int] = No
         config.data.mask_mixture, masked_lm_prob=(config.data.masked_lm_prob if training
                                                   else config.data.eval_masked_lm_prob),
         max_predictions_per_seq=config.max_predictions_per_seq,
-        whole_word_mask=config.data.whole_word_mask)
+        whole_word_mask=config.data.whole_word_mask, random_tokens=config.data.random_token_ids,
+        # Held-out positions are BERT's for every recipe, as their rate is (eval_masked_lm_prob).
+        selection=config.data.mask_selection if training else "count")
     tokenizer = tokenization.create_tokenizer(
         vocab_file=config.tokenizer.vocab_file or None,
         spm_model_file=config.tokenizer.spm_model_file or None,
