@@ -82,6 +82,10 @@ def get_config(arg=None):
   # sequence of its own in a packed row, attention and rotary positions inside it.
   c.data.instances = "documents"
   c.data.masked_lm_prob = 0.30          # section 2.2.1: 30% masking, 80/10/10
+  # As ModernBERT's sequence packer masks: each token chosen with probability 0.30 (not an exact
+  # count), random replacements among the ids the tokenizer uses. Unlike it, [CLS] and [SEP]
+  # are never masked (data_pipelines/masking.py).
+  c.data.mask_selection, c.data.random_token_ids = "bernoulli", "in_use"
   # ModernBERT's training configs: dropout on the attention output only (attn_out_dropout_prob
   # 0.1; attention probabilities, embeddings and MLP 0.0).
   c.model.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
