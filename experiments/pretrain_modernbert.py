@@ -29,8 +29,14 @@ decay as its own phase), and in the pretrain phase the batch-size warm-up: the g
 from 768 to 4,608 sequences over the first 50B tokens (base; large: 448 -> 4,928 over 10B), in
 equal steps of the start batch (`config.batch_warmup`, bert_jax/runtime/batch_ramp.py). The
 pretrain phase's steps and learning-rate warm-up steps are counted through that ramp, so they
-train the recipe's tokens. The Adam moments start afresh in each phase (a phase reads the
-previous phase's parameters through init_checkpoint).
+train the recipe's tokens. The extend and decay phases carry the previous phase's optimizer
+state with its parameters (`config.init_optimizer_state`: the Adam moments and their
+bias-correction count, from init_checkpoint's newest checkpoint), while their step, schedule and
+input start at 0; `--config.init_optimizer_state=False` starts the moments afresh. As ModernBERT's
+phases did: its context-extension and decay yamls (AnswerDotAI/ModernBERT, branch
+pretraining_documentation, 00220af2, yamls/modernbert/) load the previous phase with `load_path`,
+`reset_time: true`, `restart_override: true` and no `load_weights_only`, whose default (False,
+Composer 0.24.1) restores the optimizer state; `reset_time` restarts only the schedule's time.
 `:quick` is a tiny model on contiguous records built from Python's documentation (no download):
 what the tests run, every phase; its pretrain phase ramps its batch 2 -> 8 over 3 steps.
 """
@@ -94,6 +100,7 @@ def get_config(arg=None):
   else:   # started from the previous phase's workdir (--config.init_checkpoint)
     c.learning_rate = EXTEND_LEARNING_RATE
     c.warmup_steps = 0
+    c.init_optimizer_state = True   # its Adam moments too, as ModernBERT's phases (docstring)
   if args["phase"] == "decay":
     c.schedule.update(decay_fraction=1.0, decay_shape="1-sqrt", final_fraction=0.0)
   # Section 2.2.4 and ModernBERT's training configs: StableAdamW (optimi's, "decoupled"),
