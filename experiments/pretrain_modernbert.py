@@ -22,7 +22,8 @@ data_pipelines.create_pretraining_data --instances=documents --masking=dynamic
 --max_seq_length=1024` or 8192): each document its own `[CLS] ... [SEP]` sequence, several
 packed in a row, attention and rotary positions inside each (ModernBERT's sequence packer;
 `--config.data.instances=contiguous` and such records give RoBERTa's FULL-SENTENCES instead, the
-documents attending across each other), masked while reading at 30%. The model is `modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `modernbert-large`
+documents attending across each other), masked while reading at 30%. The model is
+`modernbert-base` (22 x 768, GeGLU 1,152, 12 heads) or `modernbert-large`
 (28 x 1,024, 2,624, 16 heads), every third layer global and the others in a 128-token window.
 
 The recipe (Warner et al. 2024, section 2.2 and appendix; the values per phase below, each with
@@ -33,10 +34,17 @@ from 768 to 4,608 sequences over the first 50B tokens (base; large: 448 -> 4,928
 increments of the start batch that each last the same number of steps, switching where
 ModernBERT's own scheduler switches (`config.batch_warmup`, bert_jax/runtime/batch_ramp.py). The
 pretrain phase's steps and learning-rate warm-up steps are counted through that ramp, so they
-train the recipe's tokens. The Adam moments start afresh in each phase (a phase reads the
-previous phase's parameters through init_checkpoint).
-`:quick` is a tiny model on documents-as-sequences records built from Python's documentation (no download):
-what the tests run, every phase; its pretrain phase ramps its batch 2, 4, 6, 8 over its 4 steps.
+train the recipe's tokens. The extend and decay phases carry the previous phase's optimizer
+state with its parameters (`config.init_optimizer_state`: the Adam moments and their
+bias-correction count, from init_checkpoint's newest checkpoint), while their step, schedule and
+input start at 0; `--config.init_optimizer_state=False` starts the moments afresh. As ModernBERT's
+phases did: its context-extension and decay yamls (AnswerDotAI/ModernBERT, branch
+pretraining_documentation, 00220af2, yamls/modernbert/) load the previous phase with `load_path`,
+`reset_time: true`, `restart_override: true` and no `load_weights_only`, whose default (False,
+Composer 0.24.1) restores the optimizer state; `reset_time` restarts only the schedule's time.
+`:quick` is a tiny model on documents-as-sequences records built from Python's documentation
+(no download): what the tests run, every phase; its pretrain phase ramps its batch 2, 4, 6, 8
+over its 4 steps.
 """
 from experiments import pretraining_defaults
 from bert_jax.model.config import BertConfig
@@ -108,6 +116,7 @@ def get_config(arg=None):
   else:   # started from the previous phase's workdir (--config.init_checkpoint)
     c.learning_rate = EXTEND_LEARNING_RATE
     c.warmup_steps = 0
+    c.init_optimizer_state = True   # its Adam moments too, as ModernBERT's phases (docstring)
   if args["phase"] == "decay":
     c.schedule.update(decay_fraction=1.0, decay_shape="1-sqrt", final_fraction=0.0)
   # Section 2.2.4 and ModernBERT's training configs: StableAdamW (optimi's, "decoupled"),

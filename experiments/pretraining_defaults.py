@@ -27,6 +27,13 @@ def get_config(size: str = "base") -> ml_collections.ConfigDict:
   # initialised from base by "tile_from_middle"): "" (off) | tile_from_middle | tile_from_edge |
   # center. The optimizer and step start afresh.
   c.init_tiling = ""
+  # A later phase of a recipe (ModernBERT's extend and decay): init_checkpoint is a training
+  # workdir, and its newest checkpoint's optimizer state (the moments, and the count of their
+  # bias correction) is taken with its parameters; this run's step, learning-rate schedule and
+  # input still start at 0. Its optimizer, objective, layout and model size must be this run's.
+  # False: the parameters alone, the optimizer starts afresh (continued pre-training). No effect
+  # without init_checkpoint (bert_jax/tasks/jobs/init_checkpoint.py: carry_training_state).
+  c.init_optimizer_state = False
   c.eval_before_training = False     # log held-out metrics at step 0 (where training starts)
 
   c.global_batch_size = 256          # sequences per step, all hosts together

@@ -268,7 +268,8 @@ def test_stable_adamw_is_its_formula(fully_decoupled):
     got = _flat(params)
     for key, want in expected[step].items():
       np.testing.assert_allclose(got[key], want, rtol=2e-6, atol=1e-7, err_msg=f"{key} {step}")
-  assert int(state[0].count) == 5
+  adam, schedule_state = state[0]   # the moments' count and the schedule's
+  assert int(adam.count) == int(schedule_state.count) == 5
 
 
 @pytest.mark.parametrize("fully_decoupled", [False, True])
@@ -349,7 +350,7 @@ def test_clipping_is_per_tensor():
     us, s_state = stable.update(g, s_state, params)
     ua, a_state = adamw.update(g, a_state, params)
     us, ua = _flat(us), _flat(ua)
-    nu_hat = _flat(jax.tree_util.tree_map(lambda v: v / (1 - B2 ** step), s_state.nu))
+    nu_hat = _flat(jax.tree_util.tree_map(lambda v: v / (1 - B2 ** step), s_state[0].nu))
     for key, g_k in _flat(g).items():
       rms = float(optim.update_rms(jnp.asarray(g_k, jnp.float32),
                                    jnp.asarray(nu_hat[key], jnp.float32), EPS))

@@ -655,10 +655,10 @@ class TrainingCheckpointer:
           f"bert_jax ({_version()}) reads formats up to {FORMAT_VERSION}. Resume it with the "
           "newer bert_jax (or give this run another --workdir). Nothing was moved.")
 
-  def _check_compatible(self, step: int, abstract_state, record) -> None:
-    """Raises CheckpointMismatchError naming the model config fields and arrays in which the
-    checkpoint differs from the state this run built. Its arrays are read from its record, or,
-    in a checkpoint from before records, from Orbax's metadata of the state."""
+  def _incompatibilities(self, step: int, abstract_state, record) -> List[str]:
+    """Lines naming the model config fields (when this run's model is known) and the arrays in
+    which the checkpoint at `step` differs from `abstract_state`. Its arrays are read from its
+    record, or, in a checkpoint from before records, from Orbax's metadata of the state."""
     if record is not None:
       saved_arrays, saved_model = record.get("arrays", {}), record.get("model")
     else:
@@ -668,7 +668,12 @@ class TrainingCheckpointer:
       fields = _differences(saved_model, self._model)
       if fields:
         lines.append(f"model config fields (saved -> this run): {'; '.join(fields)}")
-    lines += _array_differences(saved_arrays, array_shapes(abstract_state))
+    return lines + _array_differences(saved_arrays, array_shapes(abstract_state))
+
+  def _check_compatible(self, step: int, abstract_state, record) -> None:
+    """Raises CheckpointMismatchError naming the model config fields and arrays in which the
+    checkpoint differs from the state this run built (`_incompatibilities`)."""
+    lines = self._incompatibilities(step, abstract_state, record)
     if lines:
       raise CheckpointMismatchError(
           f"The checkpoint at step {step} in {self.directory} is not of the model this run "
@@ -754,6 +759,41 @@ class TrainingCheckpointer:
           f"The checkpoint {step_dir} cannot be read: {type(error).__name__}: "
           f"{str(error)[:500]}{advice}") from error
     return restored["state"]["params"]
+
+  def restore_state(self, step: int, abstract_state):
+    """The whole state saved at `step`, into the shapes, dtypes and shardings of
+    `abstract_state` (another run's: a later phase starting from this workdir with its optimizer
+    state, `config.init_optimizer_state`). Its arrays are compared with the checkpoint's record
+    first (a `CheckpointMismatchError` whose lines name those that differ) and with its
+    fingerprints once read. Nothing is moved, and no input position is read: this workdir is
+    only read from."""
+    step_dir = filesystem.join(self.directory, str(step))
+    filesystem.check_tree(step_dir, held_by=step_dir)   # no link out of the step, no FIFO
+    try:
+      names = set(filesystem.listdir(step_dir))
+      record = self._read_json(step, "record") if "record" in names else None
+      self._check_format(step, record)
+      lines = self._incompatibilities(step, abstract_state, record)
+      if lines:
+        raise CheckpointMismatchError(
+            f"The state saved at step {step} in {self.directory} differs from the one asked "
+            "for:\n  " + "\n  ".join(lines))
+      items = {"state": ocp.args.StandardRestore(abstract_state)}
+      if "fingerprints" in names:
+        items["fingerprints"] = ocp.args.JsonRestore()
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+      if "fingerprints" in restored:
+        check_fingerprints(restored["fingerprints"], restored["state"],
+                           filesystem.join(step_dir, "state"))
+    except (CheckpointMismatchError, filesystem.UnsafeNameError):
+      raise
+    except Exception as error:  # pylint: disable=broad-except  (any read failure: named below)
+      if not self._proven_damage(step, error):
+        raise self._read_error(step, error) from error
+      raise CheckpointDamagedError(
+          f"The checkpoint {step_dir} cannot be read: {type(error).__name__}: "
+          f"{str(error)[:500]}") from error
+    return restored["state"]
 
   def _set_aside(self, step: int, error: Exception) -> None:
     self._move_aside(step, error)

@@ -10,7 +10,9 @@ of the gradient over its second moment when that exceeds 1 (`stable_adamw`).
 Schedules (`config.schedule`): `bert`, the original (linear warm-up, linear decay computed over
 all steps; the default), or `wsd`, warmup-stable-decay (linear warm-up, constant, then a linear,
 cosine or 1-sqrt decay over the last steps; warm-up and stable may be empty, so a decay phase
-started from a checkpoint is one run of its own).
+started from a checkpoint is one run of its own). Every optimizer counts the schedule's steps in
+its own state (optax's `scale_by_learning_rate`), apart from the count of Adam's bias correction,
+so a later phase can carry the moments and restart the schedule (`restart_schedules`).
 """
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -171,11 +173,15 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
     m_t = b1 m_{t-1} + (1 - b1) g          m^ = m_t / (1 - b1^t)
     v_t = b2 v_{t-1} + (1 - b2) g^2        v^ = v_t / (1 - b2^t)
     RMS_t = sqrt(mean over the tensor of g^2 / max(v^, eps^2))
-    eta_t = lr(t - 1) / max(1, RMS_t)
+    eta_t = lr(s) / max(1, RMS_t)
     theta_t = theta_{t-1} - eta_t (m^ / (sqrt(v^) + eps) + weight_decay * theta_{t-1})
-  The paper writes the correction into the betas (b^ = b (1 - b^(t-1)) / (1 - b^t), moments kept
-  corrected); that is the same m^ and v^, and these are optax's `scale_by_adam` moments, so the
-  state is optax's `ScaleByAdamState` (count, mu, nu; sharded like the parameters).
+  where s = t - 1 in a run of its own. The paper writes the correction into the betas
+  (b^ = b (1 - b^(t-1)) / (1 - b^t), moments kept corrected); that is the same m^ and v^, and
+  these are optax's `scale_by_adam` moments. The state is that of `optax.adamw`: optax's
+  `ScaleByAdamState` (t as `count`, mu, nu; sharded like the parameters) then the schedule's
+  own count s (`optax.scale_by_learning_rate`). Two counts, so that a later phase can carry the
+  moments with their bias correction's t while its schedule starts again at s = 0
+  (`config.init_optimizer_state`, bert_jax/tasks/jobs/init_checkpoint.py).
 
   Epsilon: twice, as in the paper and optimi: outside the square root in the Adam step, and
   squared as the floor of v^ in the RMS (so a coordinate whose gradient history is ~0 does not
@@ -194,6 +200,15 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
   Where no tensor is clipped (every RMS_t <= 1) the updates are those of `optax.adamw` with the
   same arguments, bit for bit (tests/test_optim.py).
   """
+  return optax.chain(scale_by_stable_adam(b1, b2, eps, weight_decay, mask, stacked),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
+def scale_by_stable_adam(b1: float, b2: float, eps: float, weight_decay: float = 0.0,
+                         mask: Optional[Any] = None,
+                         stacked: Optional[Any] = None) -> optax.GradientTransformation:
+  """`stable_adamw` before its learning rate: each tensor's (m^ / (sqrt(v^) + eps) +
+  weight_decay * theta) / max(1, RMS_t), in optax's `ScaleByAdamState`."""
   def init(params):
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=optax.tree.zeros_like(params),
@@ -209,7 +224,6 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
     count = optax.safe_increment(state.count)
     mu_hat = optax.tree.bias_correction(mu, b1, count)
     nu_hat = optax.tree.bias_correction(nu, b2, count)
-    rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
     if not weight_decay:
       decays = jax.tree_util.tree_map(lambda _: False, grads)
     elif mask is None:
@@ -226,8 +240,10 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
       direction = m / (jnp.sqrt(v) + eps)
       if decay:
         direction = direction + weight_decay * p
-      scale = -rate / jnp.maximum(1.0, update_rms(g, v, eps, stacked=stack))
-      return jnp.asarray(scale, direction.dtype) * direction
+      # Divided by exactly 1 where the tensor is not clipped: then optax.adamw's update, bit
+      # for bit, once scaled by the rate.
+      clip = jnp.maximum(1.0, update_rms(g, v, eps, stacked=stack))
+      return direction / jnp.asarray(clip, direction.dtype)
 
     if params is None:
       params = jax.tree_util.tree_map(lambda _: None, grads)
@@ -293,6 +309,16 @@ def build_optimizer(opt, learning_rate: float, warmup_steps: int, num_train_step
   if opt.clip_grad_norm:
     chain.insert(0, optax.clip_by_global_norm(opt.clip_grad_norm))
   return optax.chain(*chain), rate
+
+
+def restart_schedules(opt_state, fresh):
+  """`opt_state` (an earlier run's, carried into a new one) with the count of every
+  learning-rate schedule in it (`optax.ScaleByScheduleState`: `optax.scale_by_learning_rate`'s,
+  in every optimizer here) taken from `fresh` (the new run's own optimizer state, 0), so the
+  schedule starts again; the moments and the count of their bias correction stay carried."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return jax.tree_util.tree_map(lambda carried, new: new if is_schedule(carried) else carried,
+                                opt_state, fresh, is_leaf=is_schedule)
 
 
 def default_optimizer_config() -> ml_collections.ConfigDict:

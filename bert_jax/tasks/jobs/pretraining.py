@@ -501,7 +501,8 @@ def make_job(config: ml_collections.ConfigDict) -> Job:
       eval_first=bool(config.eval_before_training),
       warm_start=(functools.partial(init_checkpoint.warm_start, config.init_checkpoint,
                                     bert_config_from(config), tx,
-                                    tiling=config.init_tiling)
+                                    tiling=config.init_tiling,
+                                    optimizer_state=config.init_optimizer_state)
                   if config.init_checkpoint else None),
       record_start=functools.partial(_keep_model_config, bert_config_from(config)),
       throughput=_throughput(config),
@@ -530,3 +531,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError("config.init_tiling grows config.model from config.init_checkpoint: set "
                      "config.init_checkpoint (a smaller model) and keep "
                      "config.model_from_checkpoint=False")
+  if config.init_tiling and config.init_optimizer_state:
+    raise ValueError("config.init_optimizer_state=True carries an earlier phase's optimizer "
+                     "state into a model of its size; config.init_tiling grows a smaller model, "
+                     "whose optimizer state does not fit: set config.init_optimizer_state=False")
