@@ -675,11 +675,17 @@ class TrainingCheckpointer:
     checkpoint differs from the state this run built (`_incompatibilities`)."""
     lines = self._incompatibilities(step, abstract_state, record)
     if lines:
+      writer = record.get("written_by") if isinstance(record, dict) else None
+      # Another version's state layout (an optimizer's, say) reads as other arrays: say which
+      # code wrote it, so that the version can resume it.
+      advice = (f"It was written by {writer}; this is {written_by()}. Resume it with the code "
+                "and the config it was written with" if writer and writer != written_by() else
+                "Run with the config the checkpoint was written with to resume it")
       raise CheckpointMismatchError(
           f"The checkpoint at step {step} in {self.directory} is not of the model this run "
           "builds (the config or the code changed since it was written):\n  " +
-          "\n  ".join(lines) + "\nNothing was moved. Run with the config the checkpoint was "
-          "written with to resume it, or give this run another --workdir.")
+          "\n  ".join(lines) + f"\nNothing was moved. {advice}, or give this run another "
+          "--workdir.")
 
   def _saved_tree(self, step: int):
     """The state's tree of array metadata (shape, dtype) as Orbax saved it."""
