@@ -513,3 +513,80 @@ def test_a_scanned_model_s_stacked_leaves_are_the_optimizer_s():
   assert any(marked.values())
   for path, flag in marked.items():
     assert flag == ("['layer']" in path), path
+
+
+def test_lamb_trust_ratio_is_per_layer_of_a_stacked_leaf():
+  """LAMB's trust ratio ||theta|| / ||update|| of each layer of a leaf stacked on axis 0
+  (`scan_layers`): the scanned update equals each layer's as its own tensor (the model
+  unrolled), and not the ratio of the whole stack; without stacked leaves it is optax.lamb, bit
+  for bit."""
+  rng = np.random.default_rng(1)
+  scales = (0.1, 1.0, 10.0)   # layers of other norms: one ratio for the stack is wrong for all
+  layers = [{"w": jnp.asarray(s * rng.normal(size=(4, 3)), jnp.float32)} for s in scales]
+  grads = [[{"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)} for _ in range(3)]
+           for _ in range(2)]
+  stack = lambda trees: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+  def run(tx, params, steps):
+    state, out = tx.init(params), []
+    for g in steps:
+      update, state = tx.update(g, state, params)
+      out.append(update)
+    return out
+
+  per_layer = [run(optim.lamb(1e-2, weight_decay=0.01), layers[i],
+                   [grads[s][i] for s in range(2)]) for i in range(3)]
+  stacked = run(optim.lamb(1e-2, weight_decay=0.01, stacked={"w": True}), stack(layers),
+                [stack(g) for g in grads])
+  whole = run(optim.lamb(1e-2, weight_decay=0.01), stack(layers), [stack(g) for g in grads])
+  theirs = run(optax.lamb(1e-2, weight_decay=0.01), stack(layers), [stack(g) for g in grads])
+  for s in range(2):
+    want = np.stack([np.asarray(per_layer[i][s]["w"]) for i in range(3)])
+    np.testing.assert_allclose(np.asarray(stacked[s]["w"]), want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(whole[s]["w"]), np.asarray(theirs[s]["w"]))
+  assert not np.allclose(np.asarray(whole[1]["w"]), want, rtol=1e-3)
+  assert (jax.tree_util.tree_structure(optim.lamb(1e-2).init(layers[0])) ==
+          jax.tree_util.tree_structure(optax.lamb(1e-2).init(layers[0])))   # checkpoints alike
+
+
+@pytest.mark.parametrize("name", ["stable_adamw", "lamb"])
+def test_fine_tuning_a_scanned_encoder_updates_each_layer_as_its_own_tensor(tmp_path, name):
+  """The fine-tuning job hands its optimizer the stacked leaves (`scan_layers`): one update of
+  the scanned model equals the unrolled model's, layer by layer."""
+  import copy
+  from bert_jax import families
+  from bert_jax.tasks import registry
+  from experiments import glue
+  from tests import finetuning_fixtures as fx
+  checkpoint = fx.write_checkpoint(str(tmp_path / "ckpt"), num_hidden_layers=3)
+  glue_dir = fx.write_glue_dir(str(tmp_path / "glue"))
+  bert_config = fx.tiny_bert_config(num_hidden_layers=3)
+
+  def stack(tree):   # the unrolled model's tree in the scanned layout
+    tree = copy.deepcopy(jax.tree_util.tree_map(np.asarray, tree))
+    families.of(bert_config).stack_layers(tree["bert"]["encoder"], bert_config)
+    return tree
+
+  def optimizer(scan):
+    config = glue.get_config("task=mrpc,quick")
+    config.data.glue_dir, config.init_checkpoint, config.max_seq_length = glue_dir, checkpoint, 16
+    config.optimizer.name, config.model.scan_layers = name, scan
+    job = registry.job(config)
+    return job.train_step.keywords["tx"], job.init_state().params
+
+  tx_unrolled, params = optimizer(False)
+  tx_scanned, scanned_params = optimizer(True)
+  assert jax.tree_util.tree_structure(scanned_params) == jax.tree_util.tree_structure(
+      stack(params))
+  rng = np.random.default_rng(0)
+  steps = [jax.tree_util.tree_map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype),
+                                  params) for _ in range(2)]
+  # Step 2: a spike in layer 0 alone (StableAdamW clips from its second step on).
+  steps[1]["bert"]["encoder"]["layer_0"] = jax.tree_util.tree_map(
+      lambda g: 50.0 * g, steps[1]["bert"]["encoder"]["layer_0"])
+  unrolled_state, scanned_state = tx_unrolled.init(params), tx_scanned.init(stack(params))
+  for grads in steps:
+    want, unrolled_state = tx_unrolled.update(grads, unrolled_state, params)
+    got, scanned_state = tx_scanned.update(stack(grads), scanned_state, stack(params))
+    for a, b in zip(jax.tree_util.tree_leaves(stack(want)), jax.tree_util.tree_leaves(got)):
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-8)

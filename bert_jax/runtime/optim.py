@@ -204,6 +204,43 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: flo
                      optax.scale_by_learning_rate(learning_rate))
 
 
+def lamb(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+         eps: float = 1e-6, weight_decay: float = 0.0, mask: Optional[Any] = None,
+         stacked: Optional[Any] = None) -> optax.GradientTransformation:
+  """`optax.lamb` (You et al. 2019: Adam, decoupled decay, each tensor's update scaled by its
+  trust ratio ||theta|| / ||update||), the same chain and state, with the trust ratio taken per
+  layer of the `stacked` leaves (`scan_layers`: `stacked_layers`), so a scanned model updates as
+  the same model unrolled (tests/test_optim.py). Without stacked leaves: `optax.lamb`, bit for
+  bit."""
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay=weight_decay, mask=mask),
+      scale_by_trust_ratio(stacked),
+      optax.scale_by_learning_rate(learning_rate))
+
+
+def scale_by_trust_ratio(stacked: Optional[Any] = None) -> optax.GradientTransformation:
+  """`optax.scale_by_trust_ratio` (its state, its zero-norm rule), the norms of a stacked leaf
+  taken per layer ([L, 1, ...]) rather than over the whole stack."""
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("LAMB's trust ratio needs the parameters: tx.update(grads, state, params)")
+    stacks = (jax.tree_util.tree_map(lambda _: False, updates) if stacked is None else
+              stacked(params) if callable(stacked) else stacked)
+
+    def scale(update, param, stack):
+      axes = tuple(range(1, update.ndim)) if stack else None
+      param_norm = optax.safe_norm(param, 0.0, axis=axes, keepdims=stack)
+      update_norm = optax.safe_norm(update, 0.0, axis=axes, keepdims=stack)
+      ratio = param_norm / update_norm
+      zero = jnp.logical_or(param_norm == 0.0, update_norm == 0.0)
+      return update * jnp.where(zero, jnp.array(1.0, dtype=param.dtype), ratio)
+
+    return jax.tree_util.tree_map(scale, updates, params, stacks), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
 def scale_by_stable_adam(b1: float, b2: float, eps: float, weight_decay: float = 0.0,
                          mask: Optional[Any] = None,
                          stacked: Optional[Any] = None) -> optax.GradientTransformation:
@@ -298,8 +335,8 @@ def build_optimizer(opt, learning_rate: float, warmup_steps: int, num_train_step
     core = optax.chain(moments, optax.add_decayed_weights(weight_decay, mask=decay_mask),
                        optax.scale_by_learning_rate(rate))
   elif opt.name == "lamb":
-    core = optax.lamb(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                      weight_decay=weight_decay, mask=decay_mask)
+    core = lamb(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=weight_decay,
+                mask=decay_mask, stacked=stacked)
   elif opt.name == "stable_adamw":
     core = stable_adamw(rate, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=weight_decay,
                         mask=decay_mask, stacked=stacked)

@@ -450,12 +450,15 @@ def num_train_steps_for(config, num_rows: int) -> int:
   return max(1, int(num_rows * config.num_train_epochs / config.global_batch_size))
 
 
-def optimizer_for(task: Task, config, num_train_steps: int):
+def optimizer_for(task: Task, config, num_train_steps: int, stacked=None):
   """AdamW with warm-up over `warmup_proportion` of the steps; the frozen encoder of the
-  feature-based approach gets no update (and no Adam moments)."""
+  feature-based approach gets no update (and no Adam moments). `stacked`: the parameters'
+  stacked-layer leaves (`optim.stacked_layers`), for the optimizers that look at a tensor as a
+  whole (StableAdamW's clipping, LAMB's trust ratio)."""
   tx, schedule = optim.build_optimizer(config.optimizer, config.learning_rate,
                                        int(num_train_steps * config.warmup_proportion),
-                                       max(num_train_steps, 1), config.schedule)
+                                       max(num_train_steps, 1), config.schedule,
+                                       stacked=stacked)
   if task.freeze_encoder:
     labels = lambda params: {k: ("frozen" if k == "bert" else "train") for k in params}
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
@@ -541,12 +544,17 @@ def make_job(task: Task, config: ml_collections.ConfigDict,
   `--compile_for` compiles. `inputs` default: `read_inputs(task, config)`."""
   inputs = inputs or read_inputs(task, config)
   num_train_steps = num_train_steps_for(config, inputs.train.features.num_rows)
-  tx, schedule = optimizer_for(task, config, num_train_steps)
   model = FineTuningModel(inputs.bert_config, task.make_head(), task.output_hidden_states,
                           task.freeze_encoder)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   rows = lambda n: select_rows(inputs.train.features.arrays, np.zeros(n, np.int64), np.ones(n))
   sample = rows(1)
+  # Logical axes: with config.model_parallelism > 1 the encoder and its Adam moments are sharded
+  # as in pre-training (the small task heads stay replicated); their `layers` axis
+  # (scan_layers) tells the optimizer where one tensor holds many layers.
+  param_axes = sharding.logical_axes(model.init, {"params": init_rng}, sample)
+  tx, schedule = optimizer_for(task, config, num_train_steps,
+                               stacked=optim.stacked_layers(param_axes))
   next_batch, order = _train_batches(task, config, inputs.train)
   model_flops, kernel_flops = _flops(inputs.bert_config, inputs.train.features)
   batch_size = config.global_batch_size
@@ -554,9 +562,7 @@ def make_job(task: Task, config: ml_collections.ConfigDict,
       name=task.name, model=model,
       init_state=lambda: TrainState.create(
           nn.unbox(model.init({"params": init_rng}, sample)["params"]), tx),
-      # With config.model_parallelism > 1 the encoder and its Adam moments are sharded as in
-      # pre-training (the small task heads stay replicated).
-      param_axes=sharding.logical_axes(model.init, {"params": init_rng}, sample),
+      param_axes=param_axes,
       train_step=functools.partial(
           train_step, model=model, tx=tx, task_loss=task.loss, schedule=schedule,
           row_weight=task.row_weight, grad_accum_steps=config.grad_accum_steps),
