@@ -63,6 +63,25 @@ def test_the_metric_writer_refuses_a_metrics_file_linked_out_of_the_workdir(plan
   assert outside.read_text() == "kept"
 
 
+@pytest.mark.parametrize("where", ["folder", "file"])
+def test_the_metric_writer_refuses_a_tensorboard_folder_or_file_linked_out(planted, tmp_path,
+                                                                          where):
+  """TensorFlow's event writer follows links: the tensorboard folder, or a file in it, linked
+  out of the workdir is refused by name before anything is written."""
+  from bert_jax.runtime.metric_writers import MetricWriter
+  workdir, outside = planted
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  if where == "folder":
+    os.symlink(elsewhere, workdir / "tensorboard")
+  else:
+    (workdir / "tensorboard").mkdir()
+    os.symlink(outside, workdir / "tensorboard" / "events.out.tfevents.1")
+  with pytest.raises(filesystem.UnsafeNameError, match=r"leads out of"):
+    MetricWriter(str(workdir), resume_step=0)
+  assert outside.read_text() == "kept" and not os.listdir(elsewhere)
+
+
 @pytest.mark.parametrize("planted_name", [workdir_lock.LOCK_FILE,
                                           workdir_lock.LOCK_FILE + ".guard"])
 def test_the_lock_goes_through_no_planted_link(planted, planted_name):

@@ -106,6 +106,11 @@ class MetricWriter:
       return
     filesystem.makedirs(workdir)
     self._truncate_after(workdir, resume_step)
+    # TensorFlow's event writer follows links: the folder and what is in it are the workdir's
+    # own (a planted link to a folder outside it is refused by name, nothing written there).
+    if filesystem.exists(self._tb_dir):
+      filesystem.confined(workdir, "tensorboard", held_by=workdir, folder=True)
+      filesystem.check_tree(self._tb_dir, held_by=self._tb_dir)
     try:
       import tensorflow as tf
       local = None
