@@ -67,7 +67,7 @@ def torch_matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "flo
                                threads: int = 0) -> float:
   """The same n^3 matmul rate through PyTorch (oneDNN/MKL on a CPU) on `threads` threads (0: as
   set), the peer's denominator: PyTorch's bfloat16 matmuls use AMX through oneDNN
-  (benchmarks/RESULTS.md)."""
+  (benchmarks/history/2026-11-25-modern-cpu-step.md)."""
   import torch
   if threads:
     torch.set_num_threads(threads)

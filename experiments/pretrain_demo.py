@@ -79,7 +79,7 @@ def modern_twin(quick: bool):
   # A pre-norm model takes the BERT demo's rate after a shorter warm-up. 2,000 steps: within the
   # BERT demo's wall-clock time on the same CPU (its 3,000 steps took 415 s on a 2-core EPYC; this
   # model's steps are ~0.22 s against BERT-tiny's ~0.13: twice the layers, 30% masked; the first
-  # 2,000 took 386 s there: benchmarks/RESULTS.md, "The demo's modern twin").
+  # 2,000 took 386 s there: benchmarks/history/2026-11-26-demo-pair.md).
   c.num_train_steps, c.warmup_steps, c.learning_rate = 2000, 300, 2e-3
   c.schedule.update(decay_fraction=0.2, decay_shape="1-sqrt", final_fraction=0.0)
   c.log_every_steps, c.eval_every_steps, c.eval_steps = 100, 500, 0

@@ -33,14 +33,15 @@ def block_length(window: int) -> int:
 # cuDNN's fused kernel takes the band as a dense [S, S] bias (through jax it has no two-sided
 # window) and is still the faster local layer at 1,024 tokens on an H200 (ModernBERT-base, 9.2
 # steps/s against 6.4 for XLA); at 8,192 it computes 64x the band's work, so from here on the
-# local layers take the blocks and only the global layers cuDNN (benchmarks/RESULTS.md, GPU).
+# local layers take the blocks and only the global layers cuDNN
+# (benchmarks/history/2026-11-26-gpu-modern.md).
 CUDNN_BAND_MAX_TOKENS = 2048
 
 # XLA: the local layers go by blocks from this many blocks per row on. Below it the full [S, S]
 # band computes under 2.7x the blocks' logits, in fewer and larger products and without the
 # blocks' copies and masks: on a 2-core Xeon the CPU step (benchmarks/modern_step_throughput.py's
 # model) ran 1.10x faster banded at 4 blocks (512 tokens), 1.05x slower at 8 (1,024) and 1.22x
-# slower at 16 (benchmarks/RESULTS.md, the CPU step).
+# slower at 16 (benchmarks/history/2026-11-25-modern-cpu-step.md).
 BLOCKS_FROM = 8
 
 

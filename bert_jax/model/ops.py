@@ -109,8 +109,8 @@ def dense_matmul(x: Array, kernel: Array, precision=None, *, transpose_wide_grad
   `float32_products`: a bfloat16 product (forward and both gradients) asks for a float32 result
   and rounds it to bfloat16. XLA's CPU backend runs bfloat16 x bfloat16 -> float32 on its fast
   path and bfloat16 -> bfloat16 on a slow one: [4096, 256] x [256, 768] at 840 against 144
-  GFLOP/s on a 2-core Xeon with AMX (benchmarks/RESULTS.md, the CPU step). The same values up to
-  the last rounding (both sum in float32); on CPU only (`bert_jax.model.kernels`).
+  GFLOP/s on a 2-core Xeon with AMX (benchmarks/history/2026-11-25-modern-cpu-step.md). The same
+  values up to the last rounding (both sum in float32); on CPU only (`bert_jax.model.kernels`).
   """
   return _dense_matmul(x, kernel, precision, transpose_wide_grad, float32_products)
 
