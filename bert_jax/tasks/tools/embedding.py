@@ -89,10 +89,11 @@ def _lower_case(directory: str, spm_model_file: Optional[str]) -> bool:
 
 def load(path: str, *, pooling: Optional[str] = None, normalize: Optional[bool] = None,
          max_seq_length: Optional[int] = None, dtype: str = "float32",
-         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+         do_lower_case: Optional[bool] = None, say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
          ) -> EmbeddingModel:
   """The embedding model in `path` (see the module docstring), settings overridden where given;
-  `say` hears where the settings come from."""
+  `do_lower_case`: a WordPiece or SentencePiece vocabulary's casing if not the recorded one (a
+  tokenizer.json's is its own); `say` hears where the settings come from."""
   directory = model_folder(path)
   if filesystem.exists(filesystem.join(directory, best_model.BEST_INFO)):
     best_model.check_best(directory)
@@ -114,7 +115,8 @@ def load(path: str, *, pooling: Optional[str] = None, normalize: Optional[bool] 
         family.max_positions(bert_config) or bert_config.max_position_embeddings))
   family.check_length(bert_config, settings.max_seq_length, directory)
   vocab_file, spm_model_file, tokenizer_file = checkpoints.find_vocab(directory)
-  lower_case = None if tokenizer_file else _lower_case(directory, spm_model_file)
+  lower_case = None if tokenizer_file else (
+      do_lower_case if do_lower_case is not None else _lower_case(directory, spm_model_file))
   tokenizer = tokenization.create_tokenizer(vocab_file, spm_model_file, bool(lower_case),
                                             tokenizer_file)
   family.check_tokenizer(bert_config, tokenizer, vocab_file or spm_model_file or tokenizer_file)
