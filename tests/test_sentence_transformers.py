@@ -113,7 +113,7 @@ def test_embedding_json_round_trip_and_errors(tmp_path):
   for values, message in (({"pooling": "max"}, "pooling='max'"),
                           ({"normalize": "yes"}, "normalize='yes' is not a bool"),
                           ({"max_seq_length": True}, "max_seq_length=True is not a int"),
-                          ({"pooling": "mean", "poling": "cls"}, r"unknown field\(s\) \['poling'\]")):
+                          ({"poling": "cls"}, r"unknown field\(s\) \['poling'\]")):
     _write(str(tmp_path), "embedding.json", values)
     with pytest.raises(ValueError, match="embedding.json: .*" + message):
       st_format.read_embedding_json(str(tmp_path))
@@ -227,15 +227,18 @@ def test_export_round_trips_through_sentence_transformers(st_models, tmp_path, f
   np.testing.assert_allclose(_reference(str(tmp_path / "again")), _reference(folder),
                              atol=ATOL, rtol=0)
   # A fine-tuned embedding model: an encoder saved by save_pretrained (with its vocabulary)
-  # and embedding.json, as the embedding training job leaves it.
-  fine_tuned = str(tmp_path / "fine_tuned")
+  # and embedding.json, as the embedding training job leaves it in WORKDIR/best/.
+  fine_tuned = str(tmp_path / "workdir" / "best")
   config, params = checkpoints.load_pretrained(encoder)
   checkpoints.save_pretrained(config, {"bert": params["bert"]}, fine_tuned)
   vocab = next(p for p in checkpoints.find_vocab(encoder) if p)
   filesystem.copy(vocab, os.path.join(fine_tuned, os.path.basename(vocab)))
   settings = EmbeddingSettings("cls", True, 40)
   st_format.write_embedding_json(fine_tuned, settings)
-  description = serving.export(fine_tuned, "sentence_transformers", str(tmp_path / "st"))
+  _write(fine_tuned, "best.json", {"step": 3})
+  assert embedding.model_folder(str(tmp_path / "workdir")) == fine_tuned
+  description = serving.export(str(tmp_path / "workdir"), "sentence_transformers",
+                               str(tmp_path / "st"))
   assert description["kind"] == "embedding" and description["embedding"]["pooling"] == "cls"
   assert st_format.read_folder(str(tmp_path / "st")) == settings
   np.testing.assert_allclose(_reference(str(tmp_path / "st")), _ours(fine_tuned), atol=ATOL,

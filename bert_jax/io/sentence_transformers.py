@@ -32,6 +32,7 @@ from bert_jax.io import filesystem
 from bert_jax.model.pooling import POOLINGS
 
 EMBEDDING_FILE = "embedding.json"
+EMBEDDING_FIELDS = ("pooling", "normalize", "max_seq_length", "do_lower_case")
 MODULES_FILE = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
 POOLING_FOLDER = "1_Pooling"
@@ -91,6 +92,14 @@ def _read_json(path: str) -> Any:
     raise ValueError(f"{path}: not valid JSON ({e})") from e
 
 
+def _settings(path: str, **values) -> EmbeddingSettings:
+  """EmbeddingSettings(**values), its own checks' errors naming the file they came from."""
+  try:
+    return EmbeddingSettings(**values)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from e
+
+
 def _field(values: Dict, key: str, kind: type, path: str, default=None):
   """values[key] of the JSON file `path`, of type `kind` (JSON's own: a `true` is no number), or
   a clear error naming both."""
@@ -111,18 +120,13 @@ def read_embedding_json(directory: str) -> Optional[EmbeddingSettings]:
   values = _read_json(path)
   if not isinstance(values, dict):
     raise ValueError(f"{path}: expected a JSON object with pooling, normalize, max_seq_length")
-  known = {f.name for f in dataclasses.fields(EmbeddingSettings)} - {"lower_case"}
-  unknown = sorted(set(values) - known - {"do_lower_case"})
+  unknown = sorted(set(values) - set(EMBEDDING_FIELDS))
   if unknown:
-    raise ValueError(f"{path}: unknown field(s) {unknown}; expected {sorted(known)}")
-  try:
-    return EmbeddingSettings(
-        pooling=_field(values, "pooling", str, path, "mean"),
-        normalize=_field(values, "normalize", bool, path, False),
-        max_seq_length=_field(values, "max_seq_length", int, path),
-        lower_case=_field(values, "do_lower_case", bool, path, False))
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}" if path not in str(e) else str(e)) from e
+    raise ValueError(f"{path}: unknown field(s) {unknown}; expected {list(EMBEDDING_FIELDS)}")
+  return _settings(path, pooling=_field(values, "pooling", str, path, "mean"),
+                   normalize=_field(values, "normalize", bool, path, False),
+                   max_seq_length=_field(values, "max_seq_length", int, path),
+                   lower_case=_field(values, "do_lower_case", bool, path, False))
 
 
 def write_embedding_json(directory: str, settings: EmbeddingSettings) -> None:
@@ -164,6 +168,11 @@ def _entries(path: str) -> Tuple[Tuple[str, str, str], ...]:
   return tuple(modules)
 
 
+def _folder(path: str, folder: str) -> str:
+  """A module's folder ("" is the model folder itself)."""
+  return filesystem.join(path, folder) if folder else path
+
+
 def _modules(path: str) -> Tuple[Tuple[str, str, str], ...]:
   """`_entries`, checked: Transformer, Pooling, then optionally Normalize."""
   source = filesystem.join(path, MODULES_FILE)
@@ -193,17 +202,16 @@ def model_directory(path: str) -> str:
   if len(found) != 1:
     raise UnsupportedModuleError(f"{filesystem.join(path, MODULES_FILE)}: {len(found)} "
                                  "Transformer modules; bert_jax reads models with one")
-  return filesystem.join(path, found[0]) if found[0] else path
+  return _folder(path, found[0])
 
 
 def _pooling(path: str, folder: str, name: str) -> str:
   """Our pooling of a Pooling module's config.json (classic booleans or `pooling_mode`)."""
-  source = filesystem.join(path, folder, MODULE_CONFIG) if folder else filesystem.join(
-      path, MODULE_CONFIG)
+  source = filesystem.join(_folder(path, folder), MODULE_CONFIG)
   values = _read_json(source) if filesystem.exists(source) else {}
   if "pooling_mode" in values:
     modes = values["pooling_mode"]
-    modes = [modes] if isinstance(modes, str) else list(modes)
+    modes = modes if isinstance(modes, list) else [modes]
   else:   # the classic booleans; none set is mean, as sentence-transformers reads them
     modes = [mode for key, mode in CLASSIC_POOLING_KEYS.items() if values.get(key)] or ["mean"]
   if len(modes) != 1 or modes[0] not in POOLING_MODES:
@@ -223,7 +231,7 @@ def _max_seq_length(transformer: str, values: Dict, source: str) -> Optional[int
   if not filesystem.exists(tokenizer_config):
     return None
   length = _read_json(tokenizer_config).get("model_max_length")
-  if not isinstance(length, int) or isinstance(length, bool) or length >= _NO_LIMIT:
+  if type(length) is not int or length >= _NO_LIMIT:   # pylint: disable=unidiomatic-typecheck
     return None
   model_config = filesystem.join(transformer, "config.json")
   positions = (_read_json(model_config).get("max_position_embeddings")
@@ -254,22 +262,17 @@ def read_folder(path: str) -> EmbeddingSettings:
   _check_model_config(path)
   modules = _modules(path)
   (_, transformer_folder, _), (_, pooling_folder, pooling_name) = modules[:2]
-  transformer = filesystem.join(path, transformer_folder) if transformer_folder else path
+  transformer = _folder(path, transformer_folder)
   source = filesystem.join(transformer, TRANSFORMER_CONFIG)
   values = _read_json(source) if filesystem.exists(source) else {}
   task = values.get("transformer_task", "feature-extraction")
   if task != "feature-extraction":
     raise UnsupportedModuleError(f"{source}: transformer_task={task!r}: bert_jax reads the "
                                  "encoder's token states (feature-extraction)")
-  try:
-    return EmbeddingSettings(
-        pooling=_pooling(path, pooling_folder, pooling_name), normalize=len(modules) == 3,
-        max_seq_length=_max_seq_length(transformer, values, source),
-        lower_case=_field(values, "do_lower_case", bool, source, False))
-  except ValueError as e:
-    if isinstance(e, UnsupportedModuleError) or path in str(e):
-      raise
-    raise ValueError(f"{source}: {e}") from e
+  return _settings(source, pooling=_pooling(path, pooling_folder, pooling_name),
+                   normalize=len(modules) == 3,
+                   max_seq_length=_max_seq_length(transformer, values, source),
+                   lower_case=_field(values, "do_lower_case", bool, source, False))
 
 
 def write_modules(directory: str, settings: EmbeddingSettings, dimension: int) -> None:

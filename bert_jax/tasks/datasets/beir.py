@@ -39,6 +39,12 @@ METRICS = ("nDCG@10", "MRR@10", "Recall@100")
 TOP_K = 100
 
 
+def to_stderr(line: str) -> None:
+  """What is said while a model embeds (where its settings come from, progress): on stderr,
+  so that stdout keeps the command's result."""
+  print(line, file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass
 class Beir:
   """A BEIR folder's split: documents and queries in file order, judgements by query."""
@@ -103,9 +109,7 @@ def read_qrels(path: str) -> Dict[str, Dict[str, Tuple[int, int]]]:
   return qrels
 
 
-def read(beir_dir: str, split: str = "test",
-         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
-         ) -> Beir:
+def read(beir_dir: str, split: str = "test", say: Callable[[str], None] = to_stderr) -> Beir:
   """The split `split` of the BEIR folder `beir_dir`, checked (see the module docstring)."""
   qrels_path = filesystem.join(beir_dir, "qrels", f"{split}.tsv")
   judged = read_qrels(qrels_path)
@@ -172,8 +176,7 @@ def metrics(qrels: Dict[str, Dict[str, int]], run: Dict[str, Dict[str, float]]
 
 
 def evaluate_beir(encode_fn: EncodeFn, beir_dir: str, split: str = "test", *, mesh=None,
-                  say: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
-                                                                  flush=True)) -> Dict:
+                  say: Callable[[str], None] = to_stderr) -> Dict:
   """{"nDCG@10", "MRR@10", "Recall@100" (fractions), "queries", "documents"} of the model
   `encode_fn` (texts -> [N, D] float32) on the split `split` of `beir_dir`."""
   pytrec_eval()   # missing: said before anything is embedded

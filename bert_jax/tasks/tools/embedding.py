@@ -48,6 +48,12 @@ CHUNK = 4096           # texts tokenized and run at a time
 PROGRESS_EVERY = 100   # batches between two progress lines on stderr
 
 
+def to_stderr(line: str) -> None:
+  """What is said while a model embeds (where its settings come from, progress): on stderr,
+  so that stdout keeps the command's result."""
+  print(line, file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass
 class EmbeddingModel:
   """An encoder with its tokenizer and settings, as `load` found them."""
@@ -63,13 +69,15 @@ class EmbeddingModel:
 
 
 def model_folder(path: str) -> str:
-  """`path`, or the complete `best/` of a workdir whose best model is an embedding model."""
-  if st_format.read_embedding_json(path) is None and not st_format.is_folder(path):
-    best = best_model.best_location(filesystem.join(path, best_model.BEST_DIR))
-    if best and filesystem.exists(filesystem.join(best, st_format.EMBEDDING_FILE)):
-      return best
-  located = best_model.best_location(path)   # a best/ caught between the renames of a save
-  return located if located else path
+  """Where the model of `path` is: `path` (a best/ caught between the renames of a save: the
+  complete one beside it), or the best/ of a workdir whose best model embeds."""
+  own = best_model.best_location(path) or path
+  if filesystem.exists(filesystem.join(own, st_format.EMBEDDING_FILE)) or st_format.is_folder(own):
+    return own
+  best = best_model.best_location(filesystem.join(path, best_model.BEST_DIR))
+  if best and filesystem.exists(filesystem.join(best, st_format.EMBEDDING_FILE)):
+    return best
+  return own
 
 
 def _lower_case(directory: str, spm_model_file: Optional[str]) -> bool:
@@ -89,8 +97,8 @@ def _lower_case(directory: str, spm_model_file: Optional[str]) -> bool:
 
 def load(path: str, *, pooling: Optional[str] = None, normalize: Optional[bool] = None,
          max_seq_length: Optional[int] = None, dtype: str = "float32",
-         do_lower_case: Optional[bool] = None, say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
-         ) -> EmbeddingModel:
+         do_lower_case: Optional[bool] = None,
+         say: Callable[[str], None] = to_stderr) -> EmbeddingModel:
   """The embedding model in `path` (see the module docstring), settings overridden where given;
   `do_lower_case`: a WordPiece or SentencePiece vocabulary's casing if not the recorded one (a
   tokenizer.json's is its own); `say` hears where the settings come from."""
@@ -170,11 +178,11 @@ class Embedder:
   def encode(self, texts: Sequence[str],
              on_batch: Optional[Callable[[], None]] = None) -> np.ndarray:
     """[len(texts), H] float32, row i the vector of texts[i]; `on_batch()` after each batch."""
+    progress = (lambda done, total: on_batch()) if on_batch else None
     vectors = [np.zeros((0, self.dimension), np.float32)]
     for start in range(0, len(texts), CHUNK):
-      chunk = list(texts[start:start + CHUNK])
-      progress = (lambda done, total: on_batch()) if on_batch else None
-      vectors.append(self._run(self._params, self.arrays(chunk), progress)["embedding"])
+      arrays = self.arrays(list(texts[start:start + CHUNK]))
+      vectors.append(self._run(self._params, arrays, progress)["embedding"])
     return np.concatenate(vectors).astype(np.float32)
 
   __call__ = encode   # an `encode_fn` for evaluation: list of texts -> [N, H] float32
@@ -205,7 +213,7 @@ class Progress:
   """A line on stderr every `every` batches: lines done of all, rate, time left."""
 
   def __init__(self, lines: int, batch_size: int, every: int = PROGRESS_EVERY,
-               say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
+               say: Callable[[str], None] = to_stderr):
     self.lines, self.batch_size, self.every, self.say = lines, batch_size, every, say
     self.batches, self.start = 0, time.monotonic()
 
@@ -220,7 +228,7 @@ class Progress:
 
 
 def embed_file(embedder: Embedder, input_path: str, output_path: str,
-               say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+               say: Callable[[str], None] = to_stderr,
                every: int = PROGRESS_EVERY) -> Dict[str, Any]:
   """One vector per line of `input_path` -> `output_path` (.npy, [lines, H] float32, in line
   order), streamed: written to `OUTPUT.partial` chunk by chunk, renamed when whole. Returns
