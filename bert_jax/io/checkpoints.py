@@ -6,7 +6,8 @@ config's family's pre-training model in the per-layer layout (`bert/encoder/laye
 pre-training heads) the heads. Every tensor is checked against the shapes the config implies; a
 missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
 
-This layer handles formats (safetensors, pickles, TF, this project's own, training workdirs); the
+This layer handles formats (safetensors, pickles, TF, this project's own, training workdirs;
+a sentence-transformers folder is read as its Transformer module's: `sentence_transformers`); the
 names inside them are the family's (`bert_jax.families`: `flat_from_huggingface`, `flat_from_tf`,
 ...). Every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}.
 """
