@@ -2,6 +2,7 @@ r"""Serving exports of a fine-tuned model: `python -m bert_jax.export`.
 
   python -m bert_jax.export --model=WORKDIR/best --format=saved_model --output=DIR
   python -m bert_jax.export --model=WORKDIR/best --format=huggingface --output=DIR
+  python -m bert_jax.export --model=EMBEDDING_MODEL --format=sentence_transformers --output=DIR
 
 `--model` is the `best/` directory a fine-tuning run wrote (or its workdir), or any pre-trained
 checkpoint (Hugging Face directory, Google TF checkpoint, `save_pretrained` directory, training
@@ -13,7 +14,11 @@ ModernBertForSequenceClassification, RobertaForTokenClassification, ...) with it
 files; a pre-trained checkpoint with its masked-LM head as the family's pre-training class
 (BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM), or its encoder class with
 `--encoder_only`.
-Both write `DIR/signature.json`: inputs, outputs, labels and how to tokenize. Details:
+`sentence_transformers`: a folder `SentenceTransformer(DIR)` loads with the same vectors, from a
+sentence-embedding model (a folder with `embedding.json` or its workdir, a sentence-transformers
+folder) or any pre-trained checkpoint (mean pooling, not normalised); a sentence-embedding model's
+SavedModel adds the output `sentence_embedding`.
+Each writes `DIR/signature.json`: inputs, outputs, labels and how to tokenize. Details:
 bert_jax/tasks/tools/serving.py.
 """
 import json
@@ -32,8 +37,10 @@ from absl import app, flags  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", None, "WORKDIR/best of a fine-tuning run (or WORKDIR), or "
                              "a pre-trained checkpoint (exports the encoder).")
-_FORMAT = flags.DEFINE_enum("format", "saved_model", ["saved_model", "huggingface"],
-                            "TensorFlow SavedModel (jax2tf) or a transformers directory.")
+_FORMAT = flags.DEFINE_enum("format", "saved_model",
+                            ["saved_model", "huggingface", "sentence_transformers"],
+                            "TensorFlow SavedModel (jax2tf), a transformers directory, or a "
+                            "sentence-transformers folder (the encoder with its pooling).")
 _OUTPUT = flags.DEFINE_string("output", None, "Export directory (local or gs://).")
 _DTYPE = flags.DEFINE_string("dtype", "", "Compute dtype override for the SavedModel (e.g. "
                              "float32); default: the run's.")
@@ -63,7 +70,7 @@ def main(argv):
   description = serving.export(_MODEL.value, _FORMAT.value, _OUTPUT.value, dtype=_DTYPE.value,
                                do_lower_case=_DO_LOWER_CASE.value, platforms=_PLATFORMS.value,
                                encoder_only=_ENCODER_ONLY.value)
-  what = description["task"] or "encoder"
+  what = description["task"] or description["kind"]
   print(f"{what} ({description['kind']}) from {description['source']} -> {_OUTPUT.value} "
         f"({_FORMAT.value}); outputs: {', '.join(description['outputs'])}", file=sys.stderr,
         flush=True)

@@ -6,7 +6,8 @@ config's family's pre-training model in the per-layer layout (`bert/encoder/laye
 pre-training heads) the heads. Every tensor is checked against the shapes the config implies; a
 missing, unexpected or mis-shaped tensor raises `CheckpointMismatchError` naming them.
 
-This layer handles formats (safetensors, pickles, TF, this project's own, training workdirs); the
+This layer handles formats (safetensors, pickles, TF, this project's own, training workdirs;
+a sentence-transformers folder is read as its Transformer module's: `sentence_transformers`); the
 names inside them are the family's (`bert_jax.families`: `flat_from_huggingface`, `flat_from_tf`,
 ...). Every format is first turned into a flat dict {"bert/encoder/layer_0/.../kernel": array}.
 """
@@ -21,7 +22,7 @@ from absl import logging
 from flax import traverse_util
 
 from bert_jax import families
-from bert_jax.io import filesystem
+from bert_jax.io import filesystem, sentence_transformers
 from bert_jax.model import layers
 from bert_jax.model.config import BertConfig
 
@@ -359,7 +360,9 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
     or a bert_jax training workdir (its latest complete checkpoint).
   allow_pickle: permit `pytorch_model.bin`-style pickle files (they can run code when loaded).
   tf_gelu_approximate: a TF checkpoint's "gelu" means the tanh approximation in the original code.
+  A sentence-transformers folder (modules.json) is read as its Transformer module's folder.
   """
+  path = sentence_transformers.model_directory(path)
   fmt = detect_format(path)
   if fmt == "huggingface":
     return _load_huggingface(path, allow_pickle)
@@ -376,6 +379,7 @@ def load_pretrained(path: str, *, allow_pickle: bool = False,
 
 def load_pretrained_config(path: str, *, tf_gelu_approximate: bool = True) -> BertConfig:
   """The `BertConfig` of any checkpoint `load_pretrained` reads, without reading its weights."""
+  path = sentence_transformers.model_directory(path)
   fmt = detect_format(path)
   if fmt == "own":
     return read_config(filesystem.join(path, OWN_CONFIG))
@@ -411,7 +415,9 @@ def find_vocab(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
   one is a path, the others None (what `tokenization.create_tokenizer` takes); or a clear error.
 
   In order: vocab.txt, spm.model, tokenizer.json, then a vocab.json with merges.txt beside it
-  (returned as the tokenizer_file); each also under data/."""
+  (returned as the tokenizer_file); each also under data/; in a sentence-transformers folder,
+  beside its Transformer module."""
+  path = sentence_transformers.model_directory(path)
   directory = path if filesystem.isdir(path) else filesystem.dirname(path)
   lacking_merges: List[str] = []
   for slot, names in enumerate((VOCAB_CANDIDATES, SPM_CANDIDATES, TOKENIZER_JSON_CANDIDATES,
@@ -439,6 +445,7 @@ def find_vocab(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
 
 def recorded_lower_case(path: str) -> Optional[bool]:
   """The casing a checkpoint directory records (Hugging Face `tokenizer_config.json`), if any."""
+  path = sentence_transformers.model_directory(path)
   directory = path if filesystem.isdir(path) else filesystem.dirname(path)
   config_path = filesystem.join(directory, "tokenizer_config.json")
   if not filesystem.exists(config_path):

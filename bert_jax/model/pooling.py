@@ -1,7 +1,7 @@
 """Sentence embeddings from an encoder's token states: the pooling of sentence-transformers'
 `Pooling` module (`mean`, `cls`, `last`) and its `Normalize`, for every family.
 
-    vectors = pooling.embed(sequence_output, input_mask, "mean", normalize=True)   # [B, H]
+    vectors = pooling.embed(sequence_output, input_mask, "mean", normalized=True)   # [B, H]
 
 `mean` averages the real tokens (padding mask [B, S]) in float32, as sentence-transformers does;
 `cls` takes the first token; `last` the last real token (right padding). Shapes: B rows, S

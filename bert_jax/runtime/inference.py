@@ -1,7 +1,8 @@
 """The one way a model runs for inference: rows of numpy arrays in fixed-size batches.
 
 Fine-tuning's evaluation and prediction (`finetuning.Predictor`: encoder + head), feature
-extraction (`bert_jax.extract_features`) and the feature-based tagger's frozen encoder all run
+extraction (`bert_jax.extract_features`), sentence embeddings (`encoder_embeddings`:
+`bert_jax.embed`, retrieval evaluation) and the feature-based tagger's frozen encoder all run
 through `BatchedInference`:
 * every batch has `batch_size` rows: a short last batch repeats its first row, and the outputs of
   the repeated rows are dropped (one compiled shape for the whole input);
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import families
+from bert_jax.model import pooling
 from bert_jax.parallel import sharding
 from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 
@@ -36,6 +38,20 @@ def encoder_hidden_states(bert_config, dtype=None) -> Callable[[Dict, Dict], Dic
                       batch["segment_ids"], deterministic=True, output_hidden_states=True)
     hidden = jnp.swapaxes(out["hidden_states"], 0, 1)                      # [B, L+1, S, H]
     return {"hidden_states": hidden.astype(dtype) if dtype is not None else hidden}
+  return apply
+
+
+def encoder_embeddings(bert_config, how: str = "mean",
+                       normalized: bool = False) -> Callable[[Dict, Dict], Dict]:
+  """(params, batch) -> {"embedding": [B, H] float32}: the encoder's last layer pooled
+  (`pooling.embed`: mean, cls or last, unit length when `normalized`), as sentence-transformers."""
+  model = families.of(bert_config).encoder(bert_config, add_pooling_layer=False)
+
+  def apply(params, batch):
+    out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                      batch["segment_ids"], deterministic=True)
+    return {"embedding": pooling.embed(out["sequence_output"], batch["input_mask"], how,
+                                       normalized)}
   return apply
 
 
@@ -101,17 +117,22 @@ class BatchedInference:
     outputs = jax.device_get(self._apply(params, batch))
     return {k: np.asarray(v)[:real] for k, v in outputs.items()}
 
-  def __call__(self, params, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """The outputs of every row of `arrays` exactly once, in row order."""
+  def __call__(self, params, arrays: Dict[str, np.ndarray],
+               progress: Optional[Callable[[int, int], None]] = None) -> Dict[str, np.ndarray]:
+    """The outputs of every row of `arrays` exactly once, in row order; `progress(done, total)`
+    after each batch, if given."""
     params = self.place(params)
     n, b = len(arrays["input_ids"]), self.batch_size
     max_length = arrays["input_ids"].shape[-1]
     # Shortest first when cutting, so that rows of like length share a batch (and its length).
     order = (np.argsort(row_lengths(arrays["input_mask"]), kind="stable") if self.length_bucket
              else np.arange(n))
-    pieces = [{k: self._pad_back(k, v, max_length)
-               for k, v in self.batch(params, arrays, order[start:start + b], max_length).items()}
-              for start in range(0, n, b)]
+    pieces = []
+    for start in range(0, n, b):
+      outputs = self.batch(params, arrays, order[start:start + b], max_length)
+      pieces.append({k: self._pad_back(k, v, max_length) for k, v in outputs.items()})
+      if progress is not None:
+        progress(len(pieces), -(-n // b))
     outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]} if pieces else {}
     if self.length_bucket:
       outputs = {k: v[np.argsort(order)] for k, v in outputs.items()}   # back to row order

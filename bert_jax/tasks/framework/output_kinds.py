@@ -23,6 +23,8 @@ kind: predict's records; SavedModel outputs; transformers class
 * `SPAN`: answer, probability, nbest (null_odds); start_logits, end_logits [B, S];
   BertForQuestionAnswering
 * `ENCODER` (a checkpoint without a task): -; sequence_output, pooled_output; BertModel
+* `EMBEDDING` (a sentence-embedding model: an encoder and its pooling): -; sentence_embedding,
+  sequence_output; BertModel (and sentence-transformers' modules)
 
 What the kinds read of a task: `labels` (the names that index the logits); a tagging task's
 examples have `words` and its `predict` gives one tag per word; a span task's `predict` gives
@@ -237,16 +239,31 @@ class EncoderKind(OutputKind):
     return tuple(self.outputs)
 
 
+class EmbeddingKind(OutputKind):
+  """A sentence-embedding model (`bert_jax/tasks/tools/embedding.py`): the encoder, its tokens'
+  states pooled (no task, no predict)."""
+  name = "embedding"
+  outputs = {
+      "sentence_embedding": (["batch", "hidden"],
+                             "the sentence vector: the last layer pooled as signature.json's "
+                             "embedding says (pooling, and unit length when normalised)"),
+      "sequence_output": (["batch", "length", "hidden"], "final hidden state of every token")}
+  hf_head = "encoder"
+  hf_outputs = {"sequence_output": "last_hidden_state"}
+  has_head = False
+
+
 CLASSIFICATION = ClassificationKind()
 REGRESSION = RegressionKind()
 MULTIPLE_CHOICE = MultipleChoiceKind()
 TAGGING = TaggingKind()
 SPAN = SpanKind()
 ENCODER = EncoderKind()
+EMBEDDING = EmbeddingKind()
 
 # The kinds of the project's tasks, and every built-in kind by name (a task may name one).
 TASK_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, TAGGING, SPAN)
-BUILT_IN = {kind.name: kind for kind in TASK_KINDS + (ENCODER,)}
+BUILT_IN = {kind.name: kind for kind in TASK_KINDS + (ENCODER, EMBEDDING)}
 
 
 def resolve(kind: Union[str, OutputKind, None]) -> OutputKind:

@@ -1,7 +1,9 @@
 r"""Serving exports of a fine-tuned model (or a pre-trained encoder): `python -m bert_jax.export`.
 
-Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or from any checkpoint
-`checkpoints.load_pretrained` reads (then the encoder alone is exported):
+Three formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`), from a
+sentence-embedding model (a folder with `embedding.json` or its workdir, a sentence-transformers
+folder: `tasks/tools/embedding.py`; the `EMBEDDING` kind, whose outputs add `sentence_embedding`)
+or from any checkpoint `checkpoints.load_pretrained` reads (then the encoder alone is exported):
 
 * `saved_model`: a TensorFlow SavedModel made by `jax.experimental.jax2tf` (native
   serialization: the model is the StableHLO JAX lowers, run by TensorFlow's XlaCallModule op).
@@ -24,6 +26,12 @@ Two formats, from `WORKDIR/best/` of a fine-tuning run (`fine_tuned.load`) or fr
   `PreTrainedTokenizerFast`), loadable offline by `AutoModelFor...` and `AutoTokenizer`. The
   names are the family's (`Family.huggingface_state`, `huggingface_task_state`; torch Linear
   weights are [out, in]).
+* `sentence_transformers`: the `huggingface` export of the encoder (its transformers encoder
+  class, the tokenizer files with `model_max_length` = max_seq_length) plus sentence-transformers'
+  modules (`io/sentence_transformers.write_modules`: modules.json, sentence_bert_config.json,
+  1_Pooling/, 2_Normalize/ when normalised), so that `SentenceTransformer(DIR)` computes the
+  model's vectors; from any model `embedding.load` reads (a pre-trained checkpoint: mean pooling,
+  not normalised, said on stderr).
 
 There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
 `FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
@@ -45,12 +53,14 @@ from absl import logging
 
 from bert_jax import families
 from bert_jax.io import checkpoints, filesystem
+from bert_jax.io import sentence_transformers as st_format
+from bert_jax.model import pooling
 from bert_jax.model.config import BertConfig
 from bert_jax.tasks.framework import finetuning, output_kinds
-from bert_jax.tasks.tools import fine_tuned
+from bert_jax.tasks.tools import embedding, fine_tuned
 from bert_jax.text import tokenization
 
-FORMATS = ("saved_model", "huggingface")
+FORMATS = ("saved_model", "huggingface", "sentence_transformers")
 ENCODER = output_kinds.ENCODER   # the kind of a pre-trained checkpoint exported without a head
 ENCODER_INPUT_FORMAT = "[CLS] A [SEP] or [CLS] A [SEP] B [SEP]"
 SIGNATURE_FILE = "signature.json"
@@ -62,6 +72,9 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 # Our input names -> transformers' (the outputs' are each output kind's `hf_outputs`).
 HF_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask",
                   "segment_ids": "token_type_ids"}
+# An embedding model's outputs -> the names of SentenceTransformer's features.
+ST_OUTPUT_NAMES = {"sentence_embedding": "sentence_embedding",
+                   "sequence_output": "token_embeddings"}
 
 
 @dataclasses.dataclass
@@ -83,6 +96,7 @@ class Servable:
   num_choices: int = 0               # multiple choice: C in [B, C, S]
   input_format: str = ENCODER_INPUT_FORMAT   # how text becomes the inputs (the task's)
   notes: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's signature notes
+  embedding: Optional[st_format.EmbeddingSettings] = None   # a sentence-embedding model's
 
   @property
   def output_kind(self) -> output_kinds.OutputKind:
@@ -96,13 +110,17 @@ class Servable:
 # ----------------------------------------------------------------------------------- loading
 
 
-def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None) -> Servable:
-  """A fine-tuned model (`WORKDIR/best` or `WORKDIR`) or else any pre-trained checkpoint.
+def load(path: str, dtype: str = "", do_lower_case: Optional[bool] = None,
+         as_embedding: bool = False) -> Servable:
+  """A sentence-embedding model (or, `as_embedding`, any checkpoint as one), else a fine-tuned
+  model (`WORKDIR/best` or `WORKDIR`), else any pre-trained checkpoint.
 
   dtype: compute dtype override ("" keeps the run's; a checkpoint's default is float32).
   do_lower_case: a pre-trained checkpoint's casing; default what it records (a Hugging Face
     tokenizer_config.json), else True. A fine-tuned model's casing is the run's (an explicit
     value that disagrees is an error)."""
+  if as_embedding or st_format.read_settings(embedding.model_folder(path)) is not None:
+    return _load_embedding(path, dtype, do_lower_case)
   try:
     best = fine_tuned.best_directory(path)
   except FileNotFoundError:
@@ -158,6 +176,25 @@ def _load_encoder(path: str, dtype: str, do_lower_case: Optional[bool]) -> Serva
                   spm_model_file=spm_model_file, tokenizer_file=tokenizer_file)
 
 
+def _load_embedding(path: str, dtype: str, do_lower_case: Optional[bool]) -> Servable:
+  model = embedding.load(path, dtype=dtype or "float32", do_lower_case=do_lower_case)
+  config, settings = model.bert_config, model.settings
+  encoder = families.of(config).encoder(config, add_pooling_layer=False)
+
+  def apply(params, batch):
+    out = encoder.apply({"params": params["bert"]}, batch["input_ids"], batch["input_mask"],
+                        batch["segment_ids"], deterministic=True)
+    return {"sequence_output": out["sequence_output"],                      # [B, S, H]
+            "sentence_embedding": pooling.embed(out["sequence_output"], batch["input_mask"],
+                                                settings.pooling, settings.normalize)}   # [B, H]
+
+  notes = {"embedding": dict(dataclasses.asdict(settings), source=model.settings_source)}
+  return Servable(kind=output_kinds.EMBEDDING, source=model.directory, bert_config=config,
+                  params={"bert": model.params}, apply=apply,
+                  max_seq_length=settings.max_seq_length, do_lower_case=model.do_lower_case,
+                  notes=notes, embedding=settings, **model.vocab_files)
+
+
 def tokenizer_for(servable: Servable):
   """The tokenizer the exported model's inputs must be made with (None: no vocabulary found)."""
   if not (servable.vocab_file or servable.spm_model_file or servable.tokenizer_file):
@@ -209,9 +246,10 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
   kind = servable.output_kind
   outputs = {name: {"dtype": "float32", "shape": shape, "meaning": kind.outputs[name][1]}
              for name, shape in output_shapes(servable).items()}
-  if fmt == "huggingface":   # transformers' argument and output names; torch.long ids
+  if fmt != "saved_model":   # transformers' argument and output names; torch.long ids
     inputs = {HF_INPUT_NAMES[k]: v for k, v in inputs.items()}
-    outputs = {kind.hf_outputs[k]: v for k, v in outputs.items() if k in kind.hf_outputs}
+    names = ST_OUTPUT_NAMES if fmt == "sentence_transformers" else kind.hf_outputs
+    outputs = {names[k]: v for k, v in outputs.items() if k in names}
     for name, shape in kind.hf_shapes.items():
       outputs[name]["shape"] = list(shape)
   description = {
@@ -461,6 +499,41 @@ def export_huggingface(servable: Servable, output: str,
   """Writes the family's transformers class of the output kind (`OutputKind.hf_head`; a
   pre-trained checkpoint with its masked-LM head: the family's pre-training / masked-LM class,
   unless `encoder_only`) and the tokenizer files to `output`."""
+  with written_whole(output) as partial:
+    architecture, vocab_name = _write_huggingface(servable, partial, encoder_only)
+  return _describe(servable, output, "huggingface", vocab_name, architecture)
+
+
+def export_sentence_transformers(servable: Servable, output: str) -> Dict[str, Any]:
+  """Writes the encoder as `export_huggingface` does and sentence-transformers' modules beside
+  it (see the module docstring): a folder `SentenceTransformer(output)` loads."""
+  if servable.embedding is None:
+    raise ValueError(f"{servable.source}: not loaded as an embedding model "
+                     "(serving.load(..., as_embedding=True))")
+  if not (servable.vocab_file or servable.tokenizer_file):
+    raise ValueError(f"{servable.source}: sentence-transformers loads its tokenizer through "
+                     "transformers, which reads a vocab.txt or a tokenizer.json; this model has "
+                     f"{servable.spm_model_file or 'no vocabulary'}")
+  with written_whole(output) as partial:
+    architecture, vocab_name = _write_huggingface(servable, partial, encoder_only=True)
+    st_format.write_modules(partial, servable.embedding, servable.bert_config.hidden_size)
+  return _describe(servable, output, "sentence_transformers", vocab_name, architecture)
+
+
+def _describe(servable: Servable, output: str, fmt: str, vocab_name: Optional[str],
+              architecture: str) -> Dict[str, Any]:
+  """signature.json of a transformers export, written into `output` last (see written_whole)."""
+  description = signature_description(servable, fmt, vocab_name)
+  description["transformers_class"] = architecture
+  filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),
+                        json.dumps(description, indent=2, ensure_ascii=False) + "\n")
+  return description
+
+
+def _write_huggingface(servable: Servable, directory: str,
+                       encoder_only: bool) -> Tuple[str, Optional[str]]:
+  """config.json, model.safetensors and the tokenizer files in `directory`: (the transformers
+  class, the vocabulary's name there or None)."""
   config = servable.bert_config
   if config.causal_attention:
     raise ValueError(f"{servable.source} uses left-to-right attention (causal_attention), which "
@@ -486,17 +559,11 @@ def export_huggingface(servable: Servable, output: str,
                       for field, attribute in family.special_token_ids})
   hf_config.update(kind.hf_config(servable.labels))
   hf_config = {k: v for k, v in hf_config.items() if v is not None}
-  with written_whole(output) as partial:
-    checkpoints.save_safetensors(state, filesystem.join(partial, "model.safetensors"),
-                                 metadata={"format": "pt"})
-    filesystem.write_text(filesystem.join(partial, "config.json"),
-                          json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    vocab_name = _write_huggingface_tokenizer(servable, partial)
-  description = signature_description(servable, "huggingface", vocab_name)
-  description["transformers_class"] = architecture
-  filesystem.write_text(filesystem.join(output, SIGNATURE_FILE),
-                        json.dumps(description, indent=2, ensure_ascii=False) + "\n")
-  return description
+  checkpoints.save_safetensors(state, filesystem.join(directory, "model.safetensors"),
+                               metadata={"format": "pt"})
+  filesystem.write_text(filesystem.join(directory, "config.json"),
+                        json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  return architecture, _write_huggingface_tokenizer(servable, directory)
 
 
 def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[str]:
@@ -536,11 +603,15 @@ def _write_huggingface_tokenizer(servable: Servable, output: str) -> Optional[st
 def export(model: str, fmt: str, output: str, *, dtype: str = "",
            do_lower_case: Optional[bool] = None, platforms: Sequence[str] = PLATFORMS,
            encoder_only: bool = False) -> Dict[str, Any]:
-  """Loads `model` (see `load`) and writes it to `output` in `fmt` (FORMATS); `encoder_only`:
-  a pre-trained checkpoint's transformers export without its masked-LM head."""
+  """Loads `model` (see `load`; for `sentence_transformers`, as an embedding model) and writes
+  it to `output` in `fmt` (FORMATS); `encoder_only`: a pre-trained checkpoint's transformers
+  export without its masked-LM head."""
   if fmt not in FORMATS:
     raise ValueError(f"format={fmt!r}: expected one of {FORMATS}")
-  servable = load(model, dtype=dtype, do_lower_case=do_lower_case)
+  servable = load(model, dtype=dtype, do_lower_case=do_lower_case,
+                  as_embedding=fmt == "sentence_transformers")
   if fmt == "saved_model":
     return export_saved_model(servable, output, platforms)
+  if fmt == "sentence_transformers":
+    return export_sentence_transformers(servable, output)
   return export_huggingface(servable, output, encoder_only)
