@@ -1,9 +1,10 @@
 """The ablations of bert_jax's hand-tuned building blocks, as model config changes.
 
 The textbook forms live in the package (bert_jax/model/kernels.py, which lists the parts); a
-variant here is the `config.model` fields that pick them, so the ablation benchmarks
-(`cpu_step_ablation.py`, `gpu_pretrain_mfu.py --variants`) compile each variant's step from its
-own config, in one process, and time them in interleaved rounds:
+variant here is the `config.model` fields that pick them, so `gpu_pretrain_mfu.py --variants`
+compiles each variant's step from its own config, in one process, and times them in interleaved
+rounds (the CPU ablation that chose `auto`'s CPU forms: benchmarks/history/
+2026-11-28-finished-studies.md):
 
   current           the default, `kernels="auto"`: what measured faster on this backend
   tuned             every hand-tuned form (differs from current on GPU: plain_bias, optax_xent)

@@ -3,7 +3,9 @@
 Every `[text](target)` in README.md, WORKSPACE.md, docs/ and benchmarks/ (results and history)
 that is not a URL must name a file or folder of the repository, and its `#anchor`, if any, a
 heading of that file (GitHub's rule for heading anchors). Every `python -m benchmarks.NAME` must
-name a module in benchmarks/, and no document may still run a benchmark as a script path.
+name a module in benchmarks/ (in benchmarks/history/, a study whose code left the tree: the commit
+it lived at, `git show COMMIT:benchmarks/NAME.py`, in a history file), and no document may still
+run a benchmark as a script path.
 """
 import collections
 import glob
@@ -98,12 +100,27 @@ def test_relative_links_resolve(path):
   assert not broken, "\n".join(broken)
 
 
+def retired_benchmarks() -> set:
+  """The benchmarks whose code left the tree: a history file gives the commit it lived at."""
+  return {name for path in DOCUMENTS if path.startswith("benchmarks/history/")
+          for name in re.findall(r"git show [0-9a-f]{7,40}:benchmarks/([a-z_]+)\.py", _read(path))}
+
+
 @pytest.mark.parametrize("path", DOCUMENTS)
 def test_benchmark_commands_name_modules(path):
   text = _read(path)
   assert not re.findall(r"python benchmarks/\w+\.py", text), (
       f"{path}: run benchmarks as `python -m benchmarks.NAME` from the repository root")
+  retired = retired_benchmarks() if path.startswith("benchmarks/history/") else set()
   for name in re.findall(r"python -m benchmarks\.([a-z_]+)", text):
     module = os.path.join(ROOT, "benchmarks", name)
-    assert os.path.exists(module + ".py") or os.path.exists(os.path.join(module, "__main__.py")), (
-        f"{path}: {name}")
+    assert (os.path.exists(module + ".py") or os.path.exists(os.path.join(module, "__main__.py"))
+            or name in retired), (
+        f"{path}: python -m benchmarks.{name}: no such module (a study whose code left the tree: "
+        "give `git show COMMIT:benchmarks/NAME.py` in its history file)")
+
+
+def test_a_retired_benchmark_is_one_a_history_file_gives_the_commit_of():
+  retired = retired_benchmarks()
+  assert "modern_growth" in retired
+  assert not any(os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py")) for name in retired)

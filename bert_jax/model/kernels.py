@@ -22,9 +22,10 @@ model); they differ in how XLA compiles them. The parts, each named by its textb
 
 `BertConfig.kernels` is a comma list: at most one of "auto" (the default), "tuned" or "textbook",
 then any part names to take in textbook form on top of it, e.g. "tuned,plain_bias".
-"auto" is what benchmarks/RESULTS.md measured faster on each backend (AUTO_TEXTBOOK):
+"auto" is what measured faster on each backend (AUTO_TEXTBOOK; the ablations:
+benchmarks/history/2026-11-28-finished-studies.md):
 
-  cpu  every tuned form (cpu_step_ablation.py: each textbook form 1.02-1.20x slower, BERT-mini)
+  cpu  every tuned form (each textbook form 1.02-1.20x slower, BERT-mini)
   gpu  tuned, except plain_bias and optax_xent (textbook: 0.995x and 1.000x of the tuned step on
        an H100, i.e. no difference, so the plain forms); ops.dense_matmul there takes the kernel
        gradient in the plain [K, N] orientation. autodiff_dense has not been measured on a GPU:

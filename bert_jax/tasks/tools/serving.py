@@ -34,8 +34,8 @@ or from any checkpoint `checkpoints.load_pretrained` reads (then the encoder alo
   not normalised, said on stderr).
 
 There is no raw-string signature: TensorFlow Text's in-graph BertTokenizer does not tokenize as
-`FullTokenizer` (benchmarks/tf_text_tokenizer_parity.py lists the strings that differ), so inputs
-are token ids made by this project's tokenizer, or by any tokenizer that matches it.
+`FullTokenizer` (the strings that differ: benchmarks/history/2026-11-28-finished-studies.md), so
+inputs are token ids made by this project's tokenizer, or by any tokenizer that matches it.
 
 Shape letters: B batch, C choices, S sequence, H hidden, K labels.
 """
