@@ -91,7 +91,7 @@ def run_torch(args, task: str, seed: int):
       config.init_checkpoint, num_labels=num_labels)
   kernel, bias = initial_head(config, task)
   with torch.no_grad():
-    model.classifier.weight.copy_(torch.from_numpy(kernel.T))
+    model.classifier.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
     model.classifier.bias.copy_(torch.from_numpy(bias))
   opt = torch_adamw(model, args.lr)
   num_rows = len(train["input_ids"])

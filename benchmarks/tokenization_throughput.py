@@ -78,7 +78,8 @@ def main(argv):
   peer = tokenizers.BertWordPieceTokenizer(
       vocab_file, clean_text=True, handle_chinese_chars=True, strip_accents=None,
       lowercase=FLAGS.do_lower_case)
-  peer_tok = peer._tokenizer  # the Rust Tokenizer; encode_batch_fast skips offset tracking
+  # The Rust Tokenizer itself, read back from the wrapper's JSON: encode_batch_fast skips offsets.
+  peer_tok = tokenizers.Tokenizer.from_str(peer.to_str())
   peer_tok.model.max_input_chars_per_word = ours.max_input_chars_per_word
 
   def peer_encode(batch):

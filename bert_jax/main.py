@@ -73,6 +73,9 @@ def _check_storage_paths(config, workdir: str) -> None:
 
 
 def main(argv):
+  """The command once absl has parsed its flags: storage paths checked, the process joined to
+  its cluster, then `--compile_for`'s report or the config's job in the workdir (`registry.run`);
+  of several processes, one that fails ends them all at once."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _check_storage_paths(_CONFIG.value, _WORKDIR.value)

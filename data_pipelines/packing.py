@@ -141,4 +141,6 @@ def pack_batch(batch: Dict[str, np.ndarray], max_pairs_per_row: int,
 
 
 def stack(rows: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+  """Rows of equal keys (`pack_examples`' packed rows, or instances) -> one batch of [R, ...]
+  arrays, a feature per key."""
   return {k: np.stack([r[k] for r in rows]) for k in rows[0]}

@@ -66,6 +66,59 @@ def test_the_private_name_check_finds_an_offence(tmp_path):
   assert _private_uses(str(sample)) == [(2, "checkpoints._per_layer")]
 
 
+def _benchmark_files():
+  for directory, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+    for name in sorted(files):
+      if name.endswith(".py"):
+        yield os.path.join(directory, name)
+
+
+def _package_names_used(path):
+  """(line, module, name) of every name a file takes from the package: `from module import
+  name` and `module.name`, the module imported from the package."""
+  tree = ast.parse(open(path, encoding="utf-8").read(), path)
+  modules, found = {}, []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+      for alias in node.names:
+        found.append((node.lineno, node.module, alias.name))
+        modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.split(".")[0] in PACKAGES and alias.asname:
+          modules[alias.asname] = alias.name
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in modules):
+      found.append((node.lineno, modules[node.value.id], node.attr))
+  return found
+
+
+def test_benchmarks_use_only_public_documented_names():
+  """A benchmark takes from bert_jax and data_pipelines only what they offer: no private name,
+  and every function or class it calls has a docstring (a module or constant is its module's)."""
+  import importlib
+  import inspect
+  offences = []
+  for path in _benchmark_files():
+    where = os.path.relpath(path, ROOT)
+    offences += [f"{where}:{line}: {text}" for line, text in _private_uses(path)]
+    for line, module, name in _package_names_used(path):
+      try:
+        value = getattr(importlib.import_module(module), name)
+      except (AttributeError, ImportError):
+        try:
+          importlib.import_module(f"{module}.{name}")   # a submodule
+          continue
+        except ImportError:
+          value = None   # a module of the package, not a name
+      if value is None or inspect.ismodule(value):
+        continue
+      if (inspect.isfunction(value) or inspect.isclass(value)) and not inspect.getdoc(value):
+        offences.append(f"{where}:{line}: {module}.{name} has no docstring")
+  assert not offences, "\n".join(offences)
+
+
 def test_old_module_paths_are_gone():
   """The project has no released version: a moved module leaves no shim at its old path."""
   import importlib

@@ -146,6 +146,8 @@ def check_and_unflatten(flat: Flat, config: BertConfig, source: str,
 
 
 def flatten(params: Dict) -> Flat:
+  """A nested parameter tree -> {"a/b/kernel": numpy array}: the flat names every format here
+  reads and writes (`check_and_unflatten` turns them back, checked against a config)."""
   return {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(params).items()}
 
 

@@ -201,6 +201,9 @@ class PmapParallel:
 
 
 def create(config) -> "JitParallel | PmapParallel":
+  """The parallelism of `config.parallelism` (`jit` over the device mesh, or `pmap`): how a job's
+  state, batches and steps are placed and compiled (`runtime.job.state_and_step` takes it).
+  `pmap` with a sharded state or model parallelism is refused, naming what to use."""
   name = config.parallelism
   if name == "jit":
     return JitParallel(config)

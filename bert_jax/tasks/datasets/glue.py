@@ -110,6 +110,9 @@ _AX_COLUMNS = ("index",) + _PAIR
 
 
 def spec_for(name: str) -> GlueSpec:
+  """The `GlueSpec` of a GLUE task by name (`sst2`, `SST-2`, `mnli`, ...: case and hyphens
+  ignored): its folder, columns, labels and metrics; an unknown name is a ValueError naming the
+  tasks."""
   key = name.lower().replace("-", "")
   if key not in GLUE_TASKS:
     raise ValueError(f"Unknown GLUE task {name!r}; expected one of {sorted(GLUE_TASKS)}")

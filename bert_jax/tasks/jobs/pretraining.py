@@ -50,6 +50,8 @@ __all__ = ["NonFiniteLossError", "TrainState"]  # re-exported from bert_jax.runt
 
 
 def bert_config_from(config: ml_collections.ConfigDict) -> BertConfig:
+  """The model config a pre-training config trains: `config.model` as its family's config class,
+  with causal attention for the `ltr` objective."""
   fields = dict(config.model)
   if config.objective == "ltr":
     fields["causal_attention"] = True
