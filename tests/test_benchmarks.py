@@ -56,11 +56,12 @@ def test_input_pipeline_throughput_reads_the_training_pipeline():
   assert result["input"] == "synthetic (64 records)" and result["sequences_per_sec"] > 0
 
 
-def test_pretrain_step_throughput_steps_both_sides():
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_pretrain_step_throughput_steps_both_sides(family):
   pytest.importorskip("transformers", reason="the peer side")
   from benchmarks import pretrain_step_throughput as bench
-  bench.jax_step("tiny", batch=2, seq=32)()     # the registry's job, placed and compiled
-  bench.torch_step("tiny", batch=2, seq=32, threads=1)()
+  bench.jax_step("tiny", batch=2, seq=32, family=family)()   # the registry's job, compiled
+  bench.torch_step("tiny", batch=2, seq=32, threads=1, family=family)()
 
 
 def test_feature_extraction_throughput_sides_agree():
