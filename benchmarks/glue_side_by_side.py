@@ -63,7 +63,7 @@ def initial_head(config, task):
             "segment_ids": np.zeros((1, 8), np.int32),
             "label_ids": np.zeros((1,), np.int32), "label_values": np.zeros((1,), np.float32)}
   params = model.init({"params": init_rng}, sample)["params"]["head"]["classifier"]
-  return np.asarray(params["kernel"]), np.asarray(params["bias"])
+  return np.array(params["kernel"]), np.array(params["bias"])   # writable: torch copies them
 
 
 def run_torch(args, task: str, seed: int):
@@ -91,7 +91,7 @@ def run_torch(args, task: str, seed: int):
       config.init_checkpoint, num_labels=num_labels)
   kernel, bias = initial_head(config, task)
   with torch.no_grad():
-    model.classifier.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
+    model.classifier.weight.copy_(torch.from_numpy(kernel.T))
     model.classifier.bias.copy_(torch.from_numpy(bias))
   opt = torch_adamw(model, args.lr)
   num_rows = len(train["input_ids"])

@@ -95,8 +95,8 @@ def test_demo_pair_reads_the_held_out_curve_a_run_writes(tmp_path):
 
 @pytest.mark.slow
 def test_glue_side_by_side_runs_both_sides(tmp_path, monkeypatch):
-  """Both sides fine-tune the same tiny checkpoint on the same generated SST-2 rows; the torch side
-  starts from bert_jax's classifier."""
+  """Both sides fine-tune the same tiny checkpoint on the same generated SST-2 rows and report dev
+  metrics; the classifier the torch side copies is bert_jax's initialisation, of the head's shape."""
   pytest.importorskip("transformers", reason="the peer side")
   import jax
   from benchmarks import glue_side_by_side as bench
