@@ -159,7 +159,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
                   lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
                   kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000,
                   optimizer: str = "adamw"):
-  """experiments/pretrain_modernbert.py:quick's data (contiguous demo-corpus rows masked at 30%)
+  """experiments/pretrain_modernbert.py:quick's data as contiguous demo-corpus rows masked at 30%
   on the whole corpus, the model at MODERN_SHAPES[size] in float32, AdamW with bias correction,
   and the schedule over exactly `steps` steps (module docstring: what else is set and why)."""
   from experiments import pretrain_modernbert
@@ -198,6 +198,9 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
     raise ValueError(f"--optimizer={optimizer!r}: expected one of {list(OPTIMIZERS)}")
   c.data.demo_max_documents = 0                    # the whole corpus: 300 steps x 32 rows
   c.data.shuffle_buffer_size = 1000
+  # One sequence a row, as transformers' model reads a row (documents kept apart need its
+  # varlen attention, which is GPU-only): the comparison is of the model and the optimizer.
+  c.data.instances = "contiguous"
   set_dropout(c, dropout)
   return c
 
@@ -218,7 +221,11 @@ def curves_of(config) -> tuple:
 
 
 def set_dropout(config, rate: float) -> None:
+  """Every dropout of the model at `rate` (transformers' ModernBERT has one attention rate for
+  the probabilities and the attention output)."""
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = rate
+  if "attention_output_dropout_prob" in config.model:
+    config.model.attention_output_dropout_prob = rate
 
 
 def prepare_data(config, workdir: str) -> None:

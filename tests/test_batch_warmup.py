@@ -177,7 +177,7 @@ def test_ramped_batches_take_k_micro_batches_and_replay_to_a_step():
   seen = [batches.next_batch(step)["input_ids"][:, 0].tolist() for step in range(4)]
   assert seen == [[0, 0], [1, 1, 2, 2], [3, 3, 4, 4, 5, 5], [6, 6, 7, 7, 8, 8, 9, 9]]
   replayed = pretraining.RampedBatches(Counting(), ramp)
-  replayed.skip(6)    # a moved workdir's checkpoint at step 3: the micro-batches before it
+  replayed.skip(3)    # a moved workdir's checkpoint at step 3: the micro-batches before it
   assert replayed.next_batch(3)["input_ids"][:, 0].tolist() == seen[3]
 
 
