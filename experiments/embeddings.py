@@ -93,6 +93,7 @@ def get_config(arg=None):
   c.log_every_steps = 50
   c.eval_every_steps = 0             # 0: evaluate at the end only
   c.checkpoint_every_steps = 0       # resume points between evaluations (0: at evaluations)
+  c.keep_checkpoints = 1             # the newest N checkpoints kept (best/ is kept apart)
 
   if args["quick"]:
     c.init_checkpoint = _packaged_minilm()

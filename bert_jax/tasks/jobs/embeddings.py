@@ -424,8 +424,7 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
       example_batch=example_batch, example_eval_batch=example_eval_batch,
       model_flops=model_flops, kernel_flops=kernel_flops,
       # Checkpoints for resume: at every evaluation, and every N steps in between if asked.
-      settings=LoopSettings.from_config(config, num_train_steps, keep_checkpoints=1,
-                                        async_checkpointing=False,
+      settings=LoopSettings.from_config(config, num_train_steps, async_checkpointing=False,
                                         checkpoint_at_evaluations=True),
       batches=lambda: Batches(next_batch), dropout_rng=dropout_rng,
       evaluator=(functools.partial(_BestKeeper, config, inputs, model, evaluate) if evaluates
@@ -436,7 +435,7 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
       eval_first=evaluates and (config.eval.before_training or num_train_steps == 0),
       warm_start=functools.partial(_warm_start, config, inputs.bert_config, tx),
       throughput=Throughput(rates=lambda sums, steps, seconds: {
-          "pairs_per_sec": steps * batch_size / seconds}),
+          "examples_per_sec": steps * batch_size / seconds}),
       console_keys=("loss", "in_batch_accuracy", "learning_rate"))
 
 
