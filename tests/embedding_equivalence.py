@@ -46,8 +46,8 @@ def _loss_and_gradients(objective, chunk: int, axis_name=None):
 def _difference(result, reference):
   (loss, grads), (ref_loss, ref_grads) = result, reference
   scale = max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(ref_grads))
-  worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-              for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)))
+  pairs = zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads))
+  worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in pairs)
   return {"loss": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
           "gradients": worst / scale}
 

@@ -24,8 +24,14 @@ holds rows j*rows .. (j+1)*rows - 1 of every device's part of the batch, so ever
 every device busy and no row moves between devices. Shapes: B rows, D devices along `data`
 (1 outside a mesh, and under pmap, where a step sees its own rows), b = B / D, c = `rows`,
 n = b / c chunks.
+
+XLA's cost analysis counts a loop body once, so a compile for its cost (`--compile_for`'s
+roofline) traces the chunk loops unrolled (`unrolled_for_cost`): the same values, every chunk
+counted.
 """
-from typing import Any, Dict, Tuple
+import contextlib
+import contextvars
+from typing import Any, Dict, Iterator, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +39,19 @@ import jax.numpy as jnp
 from bert_jax.model.layers import batch_sharded
 
 Arrays = Dict[str, jax.Array]
+
+_UNROLLED = contextvars.ContextVar("grad_cache_unrolled", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_for_cost() -> Iterator[None]:
+  """Steps traced inside have their chunk loops unrolled: what a compile for XLA's cost analysis
+  needs (it counts a loop body once). Not for training: a long program, the same values."""
+  token = _UNROLLED.set(True)
+  try:
+    yield
+  finally:
+    _UNROLLED.reset(token)
 
 
 def data_devices() -> int:
@@ -86,6 +105,7 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
   chunks = chunked(batch, rows, devices)                                        # [n, D*c, ...]
   count = batch_rows // devices // rows
   index = jnp.arange(count)
+  unroll = count if _UNROLLED.get() else 1
 
   def embed(p, chunk, j):
     chunk = jax.tree_util.tree_map(batch_sharded, chunk)
@@ -93,7 +113,7 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
 
   # 1. Embeddings only: a forward pass per chunk, nothing kept for a backward one.
   _, embedded = jax.lax.scan(lambda _, xs: (None, embed(params, xs[1], xs[0])), None,
-                             (index, chunks))                                   # [n, D*c, ...]
+                             (index, chunks), unroll=unroll)                    # [n, D*c, ...]
   embeddings = unchunked(embedded, devices)                                     # [B, ...]
 
   # 2. The whole batch's loss and its gradient w.r.t. the embeddings.
@@ -103,13 +123,17 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
 
   (_, terms), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
 
-  # 3. Each chunk again, its embeddings' gradient pulled back to the parameters.
+  # 3. Each chunk again, its embeddings' gradient pulled back to the parameters. The barrier
+  # keeps the compiler from merging this forward pass with the first one (it would when the
+  # loops are unrolled), which would keep every chunk's activations: what this avoids.
+  again = jax.lax.optimization_barrier(params)
+
   def pull_back(total, xs):
     j, chunk, cotangent = xs
-    _, vjp = jax.vjp(lambda p: embed(p, chunk, j), params)
+    _, vjp = jax.vjp(lambda p: embed(p, chunk, j), again)
     return jax.tree_util.tree_map(jnp.add, total, vjp(cotangent)[0]), None
 
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
   grads, _ = jax.lax.scan(pull_back, zeros,
-                          (index, chunks, chunked(embedding_grads, rows, devices)))
+                          (index, chunks, chunked(embedding_grads, rows, devices)), unroll=unroll)
   return grads, terms

@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import math
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -304,7 +303,7 @@ class TextEncoder:
   run in batches of `config.eval_batch_size` on the run's mesh (`runtime.inference`)."""
 
   def __init__(self, model: EmbeddingModel, tokenizer, config, par):
-    self.tokenizer = tokenizer
+    self.tokenizer, self.hidden = tokenizer, model.bert_config.hidden_size
     self.lengths = {"query": config.data.max_query_length, "document": config.max_seq_length}
     self.inference = BatchedInference(
         functools.partial(encode_step, model=model), config.eval_batch_size,
@@ -320,17 +319,11 @@ class TextEncoder:
         raise ValueError(f"encode(texts, kind={kind!r}): expected one of {sorted(self.lengths)}")
       texts = list(texts)
       if not texts:
-        return np.zeros((0, 0), np.float32)
+        return np.zeros((0, self.hidden), np.float32)
       arrays = text_pairs.encode_pairs(self.tokenizer, texts, None, self.lengths[kind])
       arrays = {k: arrays[k] for k in ("input_ids", "input_mask")}
       return self.inference(placed, arrays)["embedding"]
     return encode
-
-
-def _is_better(value: float, best: Optional[float]) -> bool:
-  if value is None or math.isnan(value):
-    return False
-  return best is None or (isinstance(best, float) and math.isnan(best)) or value > best
 
 
 class _BestKeeper:
@@ -354,7 +347,7 @@ class _BestKeeper:
       raise ValueError(f"config.eval.best_metric={metric!r} is not among the evaluator's "
                        f"metrics {sorted(scores)}")
     record = {k: float(v) for k, v in scores.items()}
-    if _is_better(record[metric], self.value):
+    if finetuning.is_better(record[metric], self.value, higher=True):
       self.value = record[metric]
       save_model(self.directory, self.config, self.inputs, params,
                  {"step": step, "metric": metric, "value": record[metric], "metrics": record})
@@ -407,8 +400,8 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
                                        config.max_seq_length, inputs.num_negatives)
 
   def example_eval_batch(rows: int) -> Dict[str, np.ndarray]:
-    shapes = embedding_data.shape_arrays(rows, 1, config.max_seq_length, 0)
-    return {"input_ids": shapes["document_ids"][:, 0], "input_mask": shapes["document_mask"][:, 0]}
+    shape = (rows, config.max_seq_length)   # documents, the longer texts an evaluator embeds
+    return {"input_ids": np.zeros(shape, np.int32), "input_mask": np.ones(shape, np.int32)}
 
   model_flops, kernel_flops = _flops(config, inputs.bert_config, inputs.num_negatives)
   evaluates = evaluate is not None
