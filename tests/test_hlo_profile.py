@@ -99,3 +99,13 @@ def test_a_slice_into_vector_memory_reads_hbm_and_writes_vector_memory():
   totals, _ = hlo_profile.profile(SLICED)
   assert sum(totals.values()) == 4 * (4 * 32 * 4)
   assert hlo_profile.vector_memory_bytes(SLICED) == 2 * (4 * 32 * 4)
+
+
+def test_the_collectives_of_a_small_module():
+  gathered = MODULE.replace(
+      "  ROOT %add.9", "  %all-gather.2 = f32[64,32]{1,0} all-gather(%param.2), dimensions={0}, "
+      'metadata={op_name="jit(train_step)/jvp(embed)/gathered/all-gather"}\n  ROOT %add.9')
+  found = hlo_profile.collectives(gathered)
+  assert [(c["kind"], c["shape"], c["result_bytes"], c["count"]) for c in found] == [
+      ("all-gather", "f32[64,32]", 64 * 32 * 4, 1), ("all-reduce", "f32[8,32]", 8 * 32 * 4, 1)]
+  assert "gathered" in found[0]["name"]

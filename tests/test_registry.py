@@ -26,8 +26,8 @@ TASK = ToyTask
 
 def test_the_table_lists_every_task_and_job():
   assert registry.finetuning_tasks() == ("glue", "ner", "squad", "swag")
-  assert registry.names() == ("ablations", "glue", "glue_all", "ner", "ner_feature_based",
-                              "pretraining", "squad", "swag")
+  assert registry.names() == ("ablations", "embeddings", "glue", "glue_all", "ner",
+                              "ner_feature_based", "pretraining", "squad", "swag")
   assert registry.task_class("glue") is glue.GlueTask
   assert registry.runner("glue_all") is glue.run_all
 
@@ -35,8 +35,8 @@ def test_the_table_lists_every_task_and_job():
 def test_an_unknown_task_is_an_error_naming_every_value(tmp_path):
   config = ml_collections.ConfigDict({"task": "glu"})
   with pytest.raises(ValueError, match=r"config.task='glu': expected one of \['ablations', "
-                     r"'glue', 'glue_all', 'ner', 'ner_feature_based', 'pretraining', 'squad', "
-                     r"'swag'\]"):
+                     r"'embeddings', 'glue', 'glue_all', 'ner', 'ner_feature_based', "
+                     r"'pretraining', 'squad', 'swag'\]"):
     tasks.run(config, str(tmp_path))
   with pytest.raises(ValueError, match="not a fine-tuning task"):
     registry.task_class("squad_metrics")   # a module of datasets/ without a TASK
@@ -72,6 +72,7 @@ def _job_configs(root: str):
   """One config per `config.task` value: the tiny pre-training config; each fine-tuning task and
   the feature-based tagger from a tiny checkpoint on the shipped (or written) fixtures; the two
   values that run several jobs need nothing more than their name."""
+  from experiments import embeddings
   from experiments import glue as glue_experiment, ner, ner_feature_based, squad, swag
   from tests import finetuning_fixtures as ftx
   from tests.test_train_step import tiny_config
@@ -83,7 +84,8 @@ def _job_configs(root: str):
   swag_config.data.swag_dir = ftx.write_swag_dir(os.path.join(root, "swag"))
   configs = {"pretraining": tiny_config(), "glue": glue_config, "ner": ner.get_config("quick"),
              "squad": squad.get_config("quick"), "swag": swag_config,
-             "ner_feature_based": ner_feature_based.get_config("quick")}
+             "ner_feature_based": ner_feature_based.get_config("quick"),
+             "embeddings": embeddings.get_config("quick")}
   for name, config in configs.items():
     if name != "pretraining":
       config.init_checkpoint = checkpoint

@@ -20,7 +20,8 @@ is (its opcode, the operations fused into it) and where it came from (the JAX na
   collective      all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
   copy_transpose  copies, transposes and layout changes
 
-`profile(text)` returns the totals per category and the largest operations;
+`profile(text)` returns the totals per category and the largest operations; `collectives(text)`
+each collective's kind, result shape and bytes (what a step sends between chips);
 `vector_memory_bytes(text)` the part of the same bytes that reads or writes buffers in the
 chip's on-chip vector memory (memory space 1 in TPU layouts), which XLA counts like HBM traffic.
 
@@ -242,6 +243,25 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
   largest = sorted(counted, key=lambda item: -item[0])[:top]
   return dict(totals), [{"bytes": moved, "category": category, "name": readable_name(op)}
                         for moved, category, op in largest]
+
+
+def collectives(text: str) -> List[Dict]:
+  """The collectives of an optimized HLO module: {"kind" (all-gather, all-reduce, ...),
+  "shape" (the result, per device), "result_bytes", "name" (`readable_name`), "count"}, alike
+  ones counted together, largest first. A loop body's are listed once, as `profile` counts
+  them (a scan over layers runs its collectives once per layer)."""
+  found: Dict[Tuple[str, str, str], Dict] = {}
+  for op, _, _, fused in _counted(text):
+    if categorize(op, fused) != "collective":
+      continue
+    base = op.opcode.replace("-start", "").replace("-done", "")
+    kind = base if base in _COLLECTIVES else next(c for c in _COLLECTIVES if c in fused)
+    shape = " ".join(dtype + "[" + dims + "]" for dtype, dims, _ in _SHAPE.findall(op.shape))
+    key = (kind, shape, readable_name(op))
+    entry = found.setdefault(key, {"kind": kind, "shape": shape, "name": key[2], "count": 0,
+                                   "result_bytes": shape_bytes(op.shape)})
+    entry["count"] += 1
+  return sorted(found.values(), key=lambda e: (-e["result_bytes"] * e["count"], e["name"]))
 
 
 def vector_memory_bytes(text: str) -> float:

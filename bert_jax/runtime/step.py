@@ -9,6 +9,11 @@ gradient exactly (up to float summation order), not a mean of per-micro-batch me
 the gradients too, which equals one device running the global batch. A non-finite loss or
 gradient leaves parameters and optimizer state unchanged (the step is skipped and counted;
 `runtime.loop` aborts after `max_consecutive_skips` in a row).
+
+With `grad_cache_rows` > 0 the gradient of an objective whose terms factor through per-row
+embeddings (a contrastive loss, where every row is scored against every other and micro-batches
+would change the loss) is computed by gradient caching instead (`runtime.grad_cache`): the same
+gradient, holding the activations of that many rows per device at a time.
 """
 import dataclasses
 from typing import Callable, Dict, Optional, Tuple
@@ -18,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax.parallel import sharding
+from bert_jax.runtime import grad_cache
 from bert_jax.runtime.state import TrainState
 
 Arrays = Dict[str, jax.Array]
@@ -33,11 +39,19 @@ class Objective:
     loss(terms, totals) -> scalar      linear in `terms` (the totals are constants)
     metrics(terms) -> {name: scalar}   logged values from the terms of the whole batch (its
                                         "loss", if any, is logged instead of loss(terms, totals))
+
+  An objective whose terms factor through per-row embeddings also gives the two factors, for
+  gradient caching (`runtime.grad_cache`; `terms` must equal embedded_terms(embed(...))):
+
+    embed(params, batch, rng) -> {name: [B, ...]}   row i from row i of the batch only
+    embedded_terms(embeddings, batch) -> {name: sum}
   """
   totals: Callable[[Arrays], Arrays]
   terms: Callable[..., Arrays]
   loss: Callable[[Arrays, Arrays], jax.Array]
   metrics: Callable[[Arrays], Arrays]
+  embed: Optional[Callable[..., Arrays]] = None
+  embedded_terms: Optional[Callable[[Arrays, Arrays], Arrays]] = None
 
 
 def _micro_batches(batch, count: int):
@@ -47,8 +61,14 @@ def _micro_batches(batch, count: int):
 
 
 def gradients(params, batch, step_rng, objective: Objective, totals: Arrays,
-              grad_accum_steps: int = 1) -> Tuple[Arrays, Arrays]:
-  """(gradients, terms) of the whole batch, accumulated over `grad_accum_steps` micro-batches."""
+              grad_accum_steps: int = 1, grad_cache_rows: int = 0) -> Tuple[Arrays, Arrays]:
+  """(gradients, terms) of the whole batch, accumulated over `grad_accum_steps` micro-batches,
+  or by gradient caching with `grad_cache_rows` rows per device at a time."""
+  if grad_cache_rows:
+    if grad_accum_steps != 1:
+      raise ValueError("gradient caching computes the whole batch's gradient itself: "
+                       f"grad_accum_steps={grad_accum_steps} must be 1 with it")
+    return grad_cache.gradients(params, batch, step_rng, objective, totals, grad_cache_rows)
 
   def loss_fn(p, micro_batch, micro_rng):
     terms = objective.terms(p, micro_batch, micro_rng)
@@ -75,14 +95,16 @@ def gradients(params, batch, step_rng, objective: Objective, totals: Arrays,
 
 def train_step(state: TrainState, batch, rng, *, objective: Objective,
                tx: optax.GradientTransformation, schedule: Callable,
-               grad_accum_steps: int = 1, axis_name: Optional[str] = None):
+               grad_accum_steps: int = 1, axis_name: Optional[str] = None,
+               grad_cache_rows: int = 0):
   """One optimizer update. Pure: the same (state, batch, rng) always gives the same result."""
   step_rng = jax.random.fold_in(rng, state.step)
   total = (lambda x: jax.lax.psum(x, axis_name)) if axis_name else (lambda x: x)
   if axis_name:
     step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
   totals = total(objective.totals(batch))
-  grads, terms = gradients(state.params, batch, step_rng, objective, totals, grad_accum_steps)
+  grads, terms = gradients(state.params, batch, step_rng, objective, totals, grad_accum_steps,
+                           grad_cache_rows)
   if axis_name:
     grads, terms = total((grads, terms))
   grads = sharding.placed_gradients(grads)   # where the strategy wants them (ZeRO-1), else as is

@@ -64,6 +64,12 @@ def _feature_based_job(config, workdir: Optional[str], layers: Optional[int]):
   return feature_based.job(config, workdir)
 
 
+def _embeddings_job(config, workdir: Optional[str], layers: Optional[int]):
+  """The embedding job: a bi-encoder trained on pairs with in-batch negatives."""
+  from bert_jax.tasks.jobs import embeddings
+  return embeddings.job(config, workdir, layers=layers)
+
+
 def _several_jobs(why: str):
   def refuse(config, workdir, layers):
     del workdir, layers
@@ -88,6 +94,8 @@ JOBS = {
     "pretraining": JobEntry(_pretraining_job),
     "ner_feature_based": JobEntry(_feature_based_job,
                                   runs=("bert_jax.tasks.jobs.feature_based", "run")),
+    # The job, then WORKDIR/best/ (the best evaluated model, else the last) and results.json.
+    "embeddings": JobEntry(_embeddings_job, runs=("bert_jax.tasks.jobs.embeddings", "run")),
     "glue_all": JobEntry(_several_jobs(
         "fine-tunes each task of config.glue_tasks in turn, each its own job; for one of them "
         "use config.task='glue' with config.data.glue_task=NAME (experiments/glue.py:task=NAME)"),

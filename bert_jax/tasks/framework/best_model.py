@@ -1,8 +1,9 @@
 """WORKDIR/best/: the best fine-tuned model of a run, kept for predict-only runs,
 `bert_jax.predict` and `bert_jax.export`.
 
-It holds the encoder (`save_pretrained`), `head.safetensors`, the vocabulary (`vocab.txt`, the
-SentencePiece model or the `tokenizer.json`), the run's config (`task_config.json`) and `best.json`
+It holds the encoder (`save_pretrained`), `head.safetensors` (a model with a task head), the
+vocabulary (`vocab.txt`, the SentencePiece model or the `tokenizer.json`), the run's config
+(`task_config.json`), the job's own files (the embedding job's `embedding.json`) and `best.json`
 (the step and metric, and the size and SHA-256 of every other file, written last). A new best model
 is written whole beside the old one (`best.partial/`) and swapped in by renames, so a save that
 fails or is killed never leaves the previous one half overwritten; every reader finds the complete
@@ -102,11 +103,13 @@ def settle_best(directory: str) -> None:
 
 
 def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
-              tokenizer=None, task_config: Optional[ml_collections.ConfigDict] = None) -> None:
-  """`directory`: an encoder `load_pretrained` reads, `head.safetensors`, `best.json`, the
-  vocabulary (`vocab.txt`, `spm.model` or `tokenizer.json`) and the run's config
-  (`task_config.json`): everything a later predict-only run, `bert_jax.predict` or
-  `bert_jax.export` needs.
+              tokenizer=None, task_config: Optional[ml_collections.ConfigDict] = None,
+              files: Optional[Dict[str, str]] = None) -> None:
+  """`directory`: an encoder `load_pretrained` reads, `head.safetensors` (when `params` has a
+  `head`), `best.json`, the vocabulary (`vocab.txt`, `spm.model` or `tokenizer.json`), the
+  run's config (`task_config.json`) and `files` ({name: text}, e.g. the embedding job's
+  `embedding.json`): everything a later predict-only run, `bert_jax.predict` or
+  `bert_jax.export` needs, each file's digest recorded in best.json.
 
   The new best/ is written whole beside the old one (`best.partial/`), then swapped in with two
   renames (the old one to `best.old/`, removed last): a save that fails (a full disk) or is
@@ -118,7 +121,7 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
   try:
     settle_best(directory)   # also removes a best.partial/ left unfinished
     filesystem.makedirs(partial)
-    _write_best_files(partial, bert_config, params, info, tokenizer, task_config)
+    _write_best_files(partial, bert_config, params, info, tokenizer, task_config, files or {})
     if filesystem.exists(directory):
       filesystem.rename(directory, old)
     filesystem.rename(partial, directory)
@@ -140,7 +143,8 @@ def save_best(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
 
 
 def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, info: Dict,
-                      tokenizer, task_config: Optional[ml_collections.ConfigDict]) -> None:
+                      tokenizer, task_config: Optional[ml_collections.ConfigDict],
+                      files: Dict[str, str]) -> None:
   from safetensors.numpy import save
   checkpoints.save_pretrained(bert_config, {"bert": params["bert"]}, directory)
   if getattr(tokenizer, "spm_model_file", None):
@@ -150,8 +154,11 @@ def _write_best_files(directory: str, bert_config: BertConfig, params: Dict, inf
                           tokenizer.tokenizer_json())
   elif getattr(tokenizer, "vocab_file", None):
     filesystem.copy(tokenizer.vocab_file, filesystem.join(directory, "vocab.txt"))
-  with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:
-    f.write(save(_flat(params["head"])))
+  if "head" in params:   # an encoder alone (the embedding job's) has none
+    with filesystem.open(filesystem.join(directory, HEAD_FILE), "wb") as f:
+      f.write(save(_flat(params["head"])))
+  for name, text in files.items():
+    filesystem.write_text(filesystem.join(directory, name), text)
   if task_config is not None:
     filesystem.write_text(filesystem.join(directory, TASK_CONFIG),
                           task_config.to_json_best_effort(indent=2, sort_keys=True))

@@ -379,7 +379,8 @@ def evaluate_split(task: Task, predictor: Predictor, params, split: _Split,
 # ----------------------------------------------------------------------------------- the loop
 
 
-def _is_better(value: float, best: Optional[float], higher: bool) -> bool:
+def is_better(value: float, best: Optional[float], higher: bool) -> bool:
+  """Whether an evaluation's `value` beats the `best` so far (None or NaN: any finite value)."""
   if best is None or (isinstance(best, float) and math.isnan(best)):
     return not math.isnan(value)
   return value > best if higher else value < best
@@ -502,7 +503,7 @@ class _BestKeeper:
       record.update({(k if split is primary else f"{split.name}_{k}"): v
                      for k, v in metrics.items()})
     value = record[self.task.best_metric]
-    if _is_better(value, self.value, self.task.higher_is_better):
+    if is_better(value, self.value, self.task.higher_is_better):
       self.value = value
       best_model.save_best(self.directory, self.inputs.bert_config, params,
                 {"step": step, "metric": self.task.best_metric, "value": value,

@@ -27,6 +27,8 @@ and the printed summary hold:
   dropout_rng, layernorm_reduction, elementwise, optimizer_update, collective, copy_transpose;
   `parallel.hlo_profile`; they add up to bytes_accessed_per_device within a few percent),
   top_operations (the 10 largest operations: bytes, category, readable name),
+  collectives (each all-gather, all-reduce, reduce-scatter, ... of the train step: kind, result
+  shape and bytes per device, readable name, count; `hlo_profile.collectives`),
   vector_memory_bytes_per_device (of the re-counted bytes, those read from or written to
   buffers the compiler placed in the chip's on-chip vector memory, `S(1)` in a TPU layout: XLA's
   bytes accessed counts them like HBM traffic, so the roofline is a floor on the step's MFU
@@ -49,13 +51,16 @@ grad_accum_steps rows at once, that fits) and says so.
 
 With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the FLOPs and bytes
 (and so the roofline) then come from the same step unrolled at 1 and 2 layers, extrapolated to
-L (`cost_analysis` in the report says so); memory is always the real scanned step's.
+L (`cost_analysis` in the report says so); memory is always the real scanned step's. Gradient
+caching's loop over chunks (the embedding job's `config.grad_cache_chunk`) is counted once as
+well: its cost comes from the same two compiles with the chunk loop unrolled.
 """
+import contextlib
 import dataclasses
 import json
 import re
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import numpy as np
@@ -64,7 +69,7 @@ from bert_jax import parallel
 from bert_jax.io import filesystem, training_checkpoints
 from bert_jax.model import kernels
 from bert_jax.parallel import hlo_profile, sharding, topologies
-from bert_jax.runtime import batch_ramp, config_names, outputs
+from bert_jax.runtime import batch_ramp, config_names, grad_cache, outputs
 from bert_jax.runtime import job as jobs
 from bert_jax.runtime.job import Job
 from bert_jax.tasks import registry
@@ -127,6 +132,7 @@ def _compile(function, args) -> Dict[str, Any]:
           "flops_per_device": float(cost.get("flops", 0.0)),
           "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
           "bytes_by_category": by_category, "top_operations": largest,
+          "collectives": hlo_profile.collectives(text),
           "vector_memory_bytes_per_device": hlo_profile.vector_memory_bytes(text)}
 
 
@@ -146,11 +152,15 @@ def build_job(config, layers: Optional[int] = None) -> Job:
   return registry.job(config, layers=layers)
 
 
-def _scanned_layers(job: Job) -> int:
-  """The layer count when the job's encoder is a scan over layers (0 when unrolled, or when the
-  step has none: the feature-based tagger trains on the encoder's features)."""
+def _layers(job: Job) -> Tuple[int, int]:
+  """(layers, scanned layers) of the job's encoder: its layer count, and the same when it is a
+  scan over layers (0 when unrolled); (0, 0) when the step has none (the feature-based tagger
+  trains on the encoder's features)."""
   encoder = training_checkpoints.model_config_of(job.model)
-  return int(encoder.num_hidden_layers) if encoder is not None and encoder.scan_layers else 0
+  if encoder is None:
+    return 0, 0
+  layers = int(encoder.num_hidden_layers)
+  return layers, layers if encoder.scan_layers else 0
 
 
 class _Compiler:
@@ -158,7 +168,9 @@ class _Compiler:
 
   def __init__(self, config, target: _Target):
     self.config, self.target = config.copy_and_resolve_references(), target
-    # 0 when unrolled; read from the first job built (its model's encoder).
+    # The encoder's layers, and the same when scanned (0 when unrolled); read from the first
+    # job built (its model's encoder).
+    self.num_layers: Optional[int] = None
     self.scanned_layers: Optional[int] = None
     self._eval = None   # the eval step's verdict: its batch does not change with the train batch
 
@@ -168,7 +180,7 @@ class _Compiler:
     par = self.target.par
     job = build_job(config, layers)
     if layers is None and self.scanned_layers is None:
-      self.scanned_layers = _scanned_layers(job)
+      self.num_layers, self.scanned_layers = _layers(job)
     # The job's state as a run places it and the strategy's own compiled steps: the shardings
     # a run would use.
     state, train_step = jobs.abstract_state_and_step(job, par)
@@ -183,11 +195,28 @@ class _Compiler:
       train["flops_per_device"] += job.kernel_flops(global_batch) / len(par.mesh.devices.flat)
     return job, train, evaluation
 
-  def _scanned_cost(self, global_batch: int, layers: int) -> Dict[str, float]:
-    """Per-device FLOPs and bytes of an L-layer scanned step. XLA's cost analysis counts a
-    loop body once, so the cost comes from the same step unrolled at 1 and 2 layers, whose
-    difference is one layer's: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1))."""
-    one, two = (self._train_and_eval(global_batch, n, with_eval=False)[1] for n in (1, 2))
+  def loops_counted_once(self, global_batch: int) -> Dict[str, int]:
+    """The loops of the train step that XLA's cost analysis counts once, with their trip
+    counts: the layers of a scanned encoder, the chunks of gradient caching (each device's rows
+    / config.grad_cache_chunk, `runtime.grad_cache`)."""
+    loops = {"layers": self.scanned_layers} if self.scanned_layers else {}
+    chunk = self.config.get("grad_cache_chunk", 0)   # the embedding job's; no other has it
+    if chunk:
+      chunks = global_batch // (self.target.par.mesh.shape[sharding.DATA_AXIS] * chunk)
+      if chunks > 1:
+        loops["chunks"] = chunks
+    return loops
+
+  def _loop_cost(self, global_batch: int, loops: Dict[str, int]) -> Dict[str, float]:
+    """Per-device FLOPs and bytes of a step with `loops` (`loops_counted_once`). XLA's cost
+    analysis counts a loop body once, so the cost comes from the same step unrolled at 1 and 2
+    layers, whose difference is one layer's: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1));
+    gradient caching's chunks are traced unrolled in those two compiles
+    (`grad_cache.unrolled_for_cost`), every chunk counted."""
+    layers = self.num_layers
+    unrolled = grad_cache.unrolled_for_cost() if "chunks" in loops else contextlib.nullcontext()
+    with unrolled:
+      one, two = (self._train_and_eval(global_batch, n, with_eval=False)[1] for n in (1, 2))
     if "flops_per_device" not in one or "flops_per_device" not in two:
       return {}
     cost = {k: one[k] + (layers - 1) * (two[k] - one[k])
@@ -218,7 +247,7 @@ class _Compiler:
               "kernel_flops_per_step": job.kernel_flops(global_batch)}
     report.update(_verdict(train, generation))
     if "flops_per_device" in train:
-      if not self.scanned_layers:
+      if not self.loops_counted_once(global_batch):
         report.update(_roofline(train, devices, generation, report["model_flops_per_step"]))
       elif scanned_cost:
         self.add_scanned_cost(report)
@@ -226,12 +255,17 @@ class _Compiler:
     return report
 
   def add_scanned_cost(self, report: Dict[str, Any]):
-    """Adds the roofline of a scanned step to its report, from `_scanned_cost`."""
-    layers = self.scanned_layers
-    cost = self._scanned_cost(report["global_batch_size"], layers)
+    """Adds the roofline of a step with loops XLA counts once (a scan over layers, gradient
+    caching's chunks) to its report, from `_loop_cost`."""
+    loops = self.loops_counted_once(report["global_batch_size"])
+    cost = self._loop_cost(report["global_batch_size"], loops)
     if cost:
-      report["cost_analysis"] = (f"scan over {layers} layers: extrapolated from the step "
-                                 f"unrolled at 1 and 2 layers")
+      counted = ", ".join(f"{n} {name}" for name, n in sorted(loops.items()))
+      report["cost_analysis"] = (
+          f"loops counted once by XLA ({counted}): the step unrolled at 1 and 2 of its "
+          f"{self.num_layers} layers"
+          + (", its gradient-caching chunks unrolled" if "chunks" in loops else "")
+          + ", extrapolated to all of them")
       report.update(_roofline(cost, report["num_devices"], self.target.spec.generation,
                               report["model_flops_per_step"]))
 
@@ -330,7 +364,7 @@ def find_max_batch(config, target: _Target) -> Dict[str, Any]:
     units = _next_guess(measured, low, high, capacity)
   if best is None:
     raise ValueError(f"Not even a global batch of {unit} fits on {target.accelerator_type}")
-  if compiler.scanned_layers and "memory_per_device" in best:
+  if compiler.loops_counted_once(best["global_batch_size"]) and "memory_per_device" in best:
     compiler.add_scanned_cost(best)
   best["max_global_batch_size"] = low * unit
   return best
@@ -380,6 +414,12 @@ def summary(report: Dict[str, Any]) -> str:
         for name, value in sorted(categories.items(), key=lambda kv: -kv[1]) if value))
   for op in report.get("top_operations", [])[:5]:
     lines.append(f"    {op['bytes'] / 1e9:6.3f} GB  {op['category']:<19} {op['name']}")
+  if report.get("collectives"):
+    lines.append("  largest collectives (result per device):")
+  for c in report.get("collectives", [])[:5]:
+    shape = c["shape"] if len(c["shape"]) <= 40 else c["shape"][:37] + "..."   # a tuple's
+    lines.append(f"    {c['result_bytes'] / 1e6:9.3f} MB x {c['count']:<3} {c['kind']:<14} "
+                 f"{shape}  {c['name']}")
   lines.append(f"  eval step: {'fits' if report['eval_step']['fits'] else 'DOES NOT FIT'}; "
                f"compiled in {report['compile_seconds']} + "
                f"{report['eval_step']['compile_seconds']} s")
