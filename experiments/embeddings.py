@@ -13,7 +13,7 @@ after each. Every query is scored against every positive and hard negative of th
 gathered from every device: the larger the batch, the more negatives (`grad_cache_chunk=C`
 trains a batch of any size holding C rows per device at a time, with the same gradient).
 WORKDIR/best/ is the model (the best by nDCG@10 with evaluation, else the last step's), with
-`embedding.json` saying how to embed with it. Guide: docs/embeddings-training.md.
+`embedding.json` saying how to embed with it. Guide: docs/embeddings.md.
 
 The recipe is sentence-transformers' usual one: mean pooling, unit-length vectors, scale 20
 (temperature 0.05), AdamW at 2e-5 with bias correction, linear warm-up over 10% of the steps and
@@ -87,7 +87,7 @@ def get_config(arg=None):
   # end; "" = no evaluation (best/ is then the last step's model).
   c.eval.beir_dir = ""
   c.eval.split = "test"              # the qrels split (many BEIR sets have only test)
-  c.eval.best_metric = "ndcg@10"     # the evaluator's metric that picks WORKDIR/best/
+  c.eval.best_metric = "nDCG@10"     # the evaluator's metric that picks WORKDIR/best/
   c.eval.before_training = True      # score the checkpoint at step 0 too (a baseline)
   c.eval.length_bucket = 32          # texts run shortest first, cut to multiples of this
   c.log_every_steps = 50

@@ -228,7 +228,7 @@ def test_the_best_model_by_the_retrieval_evaluator_is_kept(tmp_path):
     assert query.shape == (1, 32) and documents.shape == (2, 32)
     np.testing.assert_allclose(np.linalg.norm(documents, axis=1), 1.0, rtol=1e-5)
     calls.append((beir_dir, split))
-    return {"ndcg@10": [0.2, 0.5, 0.3][len(calls) - 1], "mrr@10": 0.1, "recall@100": 0.9}
+    return {"nDCG@10": [0.2, 0.5, 0.3][len(calls) - 1], "MRR@10": 0.1, "Recall@100": 0.9}
 
   config = efx.quick_config(str(tmp_path), eval_every_steps=2)
   config.eval.beir_dir = "/data/beir/scifact"
@@ -238,16 +238,38 @@ def test_the_best_model_by_the_retrieval_evaluator_is_kept(tmp_path):
   best = json.load(open(tmp_path / "workdir" / "best" / "best.json", encoding="utf-8"))
   assert best["step"] == 2 and "embedding.json" in best["file_digests"]
   evals = read_metrics(str(tmp_path / "workdir"), "eval")
-  assert [(r["step"], r["ndcg@10"]) for r in evals] == [(0, 0.2), (2, 0.5), (4, 0.3)]
+  assert [(r["step"], r["nDCG@10"]) for r in evals] == [(0, 0.2), (2, 0.5), (4, 0.3)]
 
 
-def test_a_beir_dir_without_the_evaluator_is_a_clear_error(tmp_path, monkeypatch):
-  monkeypatch.setattr(embeddings, "RETRIEVAL_EVALUATOR", ("bert_jax.tasks.tools.no_such", "f"))
+def test_a_beir_dir_that_is_not_a_beir_folder_is_a_clear_error_before_training(tmp_path):
   config = efx.quick_config(str(tmp_path))
-  config.eval.beir_dir = "/data/beir/scifact"
-  with pytest.raises(ValueError, match="config.eval.beir_dir='/data/beir/scifact' asks for "
-                     "retrieval evaluation by bert_jax.tasks.tools.no_such.f"):
+  config.eval.beir_dir = str(tmp_path / "no_such")
+  with pytest.raises(ValueError, match=r"config.eval.beir_dir=.*no_such.* is not a BEIR folder: "
+                     r".*corpus\.jsonl is missing"):
     tasks.run(config, str(tmp_path / "workdir"))
+  assert not (tmp_path / "workdir" / "checkpoints").exists()
+
+
+def test_the_beir_evaluation_scores_a_real_folder_during_training(tmp_path):
+  """The job's own evaluator on a BEIR folder: pytrec_eval's metrics in metrics.jsonl, best/ by
+  nDCG@10."""
+  pytest.importorskip("pytrec_eval", reason="pytrec_eval-terrier (the retrieval extra) scores")
+  beir_dir = tmp_path / "beir"
+  (beir_dir / "qrels").mkdir(parents=True)
+  documents = ["a cat sat on the mat", "a dog ran in the park", "the sun is hot"]
+  (beir_dir / "corpus.jsonl").write_text("".join(
+      json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(documents)))
+  (beir_dir / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "where is the cat"})
+                                          + "\n")
+  (beir_dir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+  config = efx.quick_config(str(tmp_path), eval_every_steps=2)
+  config.eval.beir_dir = str(beir_dir)
+  results = tasks.run(config, str(tmp_path / "workdir"))
+  evals = read_metrics(str(tmp_path / "workdir"), "eval")
+  assert [r["step"] for r in evals] == [0, 2, 4]
+  for record in evals:
+    assert 0.0 <= record["nDCG@10"] <= 1.0 and record["Recall@100"] == 1.0
+  assert results["best_metric"] == "nDCG@10"
 
 
 def test_config_errors_name_the_field(tmp_path):

@@ -26,7 +26,7 @@ in [0, 1], the means over the queries.
 import dataclasses
 import json
 import sys
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -176,14 +176,16 @@ def metrics(qrels: Dict[str, Dict[str, int]], run: Dict[str, Dict[str, float]]
 
 
 def evaluate_beir(encode_fn: EncodeFn, beir_dir: str, split: str = "test", *, mesh=None,
-                  say: Callable[[str], None] = to_stderr) -> Dict:
+                  say: Callable[[str], None] = to_stderr,
+                  encode_queries: Optional[EncodeFn] = None) -> Dict:
   """{"nDCG@10", "MRR@10", "Recall@100" (fractions), "queries", "documents"} of the model
-  `encode_fn` (texts -> [N, D] float32) on the split `split` of `beir_dir`."""
+  `encode_fn` (texts -> [N, D] float32) on the split `split` of `beir_dir`; the queries by
+  `encode_queries` where given (a training job cuts them at its own query length)."""
   pytrec_eval()   # missing: said before anything is embedded
   data = read(beir_dir, split, say)
   say(f"{beir_dir} ({split}): {len(data.queries):,} judged queries, {len(data.documents):,} "
       "documents")
-  queries = np.asarray(encode_fn(data.queries), np.float32)                    # [Q, D]
+  queries = np.asarray((encode_queries or encode_fn)(data.queries), np.float32)  # [Q, D]
   documents = np.asarray(encode_fn(data.documents), np.float32)                # [N, D]
   for name, vectors, count in (("queries", queries, len(data.queries)),
                                ("documents", documents, len(data.documents))):

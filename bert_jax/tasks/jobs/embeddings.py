@@ -18,9 +18,9 @@ pairs from Python's documentation. Rows are shuffled per epoch from `config.seed
 step s a pure function of s (a resumed run continues exactly).
 
 Evaluation: every `config.eval_every_steps` (and at the end), when `config.eval.beir_dir` is
-set, the retrieval evaluator (`evaluate_beir(encode, beir_dir, split) -> {metric: value}` of
-`bert_jax/tasks/tools/retrieval.py`, called by name: the job runs without it) scores the model,
-and the best by `config.eval.best_metric` (nDCG@10) is kept in WORKDIR/best/
+set, the BEIR evaluation (`retrieval_evaluator`: `bert_jax/tasks/datasets/beir.py`, exact
+search, pytrec_eval's nDCG@10, MRR@10 and Recall@100) scores the model, and the best by
+`config.eval.best_metric` (nDCG@10) is kept in WORKDIR/best/
 (`framework/best_model.py`). Without evaluation WORKDIR/best/ is the model of the last step.
 Either way best/ is an encoder `load_pretrained` reads, its vocabulary, `task_config.json` and
 `embedding.json` ({"pooling", "normalize", "max_seq_length"}: how to embed with it).
@@ -30,7 +30,6 @@ Sq query tokens, Sd document tokens, H hidden.
 """
 import dataclasses
 import functools
-import importlib
 import json
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -41,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import families, parallel
-from bert_jax.io import checkpoints, filesystem
+from bert_jax.io import checkpoints, filesystem, sentence_transformers
 from bert_jax.model import pooling, ranking_loss
 from bert_jax.model.config import BertConfig
 from bert_jax.parallel import sharding
@@ -52,17 +51,14 @@ from bert_jax.runtime.inference import BatchedInference, host_slice
 from bert_jax.runtime.job import Batches, Job
 from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
+from bert_jax.tasks.datasets import beir
 from bert_jax.tasks.framework import best_model, finetuning
 from bert_jax.tasks.jobs import embedding_data
 from bert_jax.text import pairs as text_pairs
 
 NAME = "embeddings"
-EMBEDDING_FILE = "embedding.json"
+EMBEDDING_FILE = sentence_transformers.EMBEDDING_FILE   # what every command reads back
 RESULTS_FILE = finetuning.RESULTS_FILE
-# The retrieval evaluator: a tool run on a model (bert_jax/tasks/tools/retrieval.py), called by
-# name and only when config.eval.beir_dir asks for it, so that the job neither imports the tools
-# (the layer above it) nor needs them to train.
-RETRIEVAL_EVALUATOR = ("bert_jax.tasks.tools.retrieval", "evaluate_beir")
 
 # evaluate(encode, beir_dir, split) -> {metric: value}; encode(texts, kind) -> [N, H] float32,
 # kind "query" (cut to config.data.max_query_length) or "document" (config.max_seq_length).
@@ -282,19 +278,27 @@ def _flops(config, bert_config: BertConfig, k: int):
 
 
 def retrieval_evaluator(config) -> Optional[Evaluate]:
-  """`evaluate_beir` of bert_jax/tasks/tools/retrieval.py when `config.eval.beir_dir` is set
-  (a clear error if that module is not there); None (no evaluation) when it is empty."""
+  """The BEIR evaluation (`bert_jax/tasks/datasets/beir.py`: exact search, nDCG@10, MRR@10 and
+  Recall@100 by pytrec_eval) of `config.eval.beir_dir`, queries cut at
+  `config.data.max_query_length` and documents at `config.max_seq_length`; None (no evaluation)
+  when it is empty. pytrec_eval missing: the error that names its install, before training."""
   if not config.eval.beir_dir:
     print(f"[{NAME}] config.eval.beir_dir is empty: no retrieval evaluation; WORKDIR/best/ will "
           "be the model of the last step", flush=True)
     return None
-  module, function = RETRIEVAL_EVALUATOR
-  try:
-    return getattr(importlib.import_module(module), function)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f"config.eval.beir_dir={config.eval.beir_dir!r} asks for retrieval "
-                     f"evaluation by {module}.{function}, which this installation lacks ({e}); "
-                     "set --config.eval.beir_dir='' to train without it") from None
+  beir.pytrec_eval()
+  for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{config.eval.split}.tsv"):
+    if not filesystem.exists(filesystem.join(config.eval.beir_dir, name)):   # before training
+      raise ValueError(f"config.eval.beir_dir={config.eval.beir_dir!r} is not a BEIR folder: "
+                       f"{filesystem.join(config.eval.beir_dir, name)} is missing "
+                       "(corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
+
+  def evaluate(encode: Encode, beir_dir: str, split: str) -> Dict[str, float]:
+    scores = beir.evaluate_beir(lambda texts: encode(texts, "document"), beir_dir, split,
+                                encode_queries=lambda texts: encode(texts, "query"),
+                                say=lambda line: print(f"[{NAME}] {line}", flush=True))
+    return {name: float(scores[name]) for name in beir.METRICS}
+  return evaluate
 
 
 class TextEncoder:
