@@ -108,4 +108,4 @@ def test_the_collectives_of_a_small_module():
   found = hlo_profile.collectives(gathered)
   assert [(c["kind"], c["shape"], c["result_bytes"], c["count"]) for c in found] == [
       ("all-gather", "f32[64,32]", 64 * 32 * 4, 1), ("all-reduce", "f32[8,32]", 8 * 32 * 4, 1)]
-  assert "gathered" in found[0]["name"]
+  assert "gathered" in found[0]["name"] and not found[0]["in_loop"]

@@ -188,22 +188,31 @@ def readable_name(op: Operation) -> str:
 def _counted(text: str) -> List[Tuple[Operation, List[str], Dict[str, Operation], set]]:
   """The operations XLA's cost analysis counts, each with the names of the values it reads, the
   operations of its computation by name, and the opcodes fused into it."""
+  return _walked(text)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _walked(text: str):
+  """(`_counted`'s operations, the names of the operations inside a loop body)."""
+  in_loops: set = set()
   computations = parse(text)
   entry = [c for c in computations.values() if c.is_entry]
   if not entry:
     raise ValueError("no ENTRY computation in the HLO text")
   # The entry's operations, and those of the computations that control flow runs (loop bodies
   # and conditions, conditional branches, calls), once each.
-  walked, queue, counted = set(), [entry[0].name], []
+  walked, queue, counted = set(), [(entry[0].name, False)], []
   while queue:
-    name = queue.pop()
+    name, looped = queue.pop()
     if name in walked or name not in computations:
       continue
     walked.add(name)
+    if looped:
+      in_loops.add(name)
     by_name = {op.name: op for op in computations[name].operations}
     for op in computations[name].operations:
       if op.opcode in ("while", "conditional", "call"):
-        queue.extend(op.calls)
+        queue.extend((called, looped or op.opcode == "while") for called in op.calls)
         continue
       if op.opcode in _FREE or op.opcode.endswith("-start"):
         continue
@@ -216,7 +225,7 @@ def _counted(text: str) -> List[Tuple[Operation, List[str], Dict[str, Operation]
       fused = _fused_opcodes(computations, op.calls) if op.opcode in ("fusion", "async-start",
                                                                        "custom-call") else set()
       counted.append((op, operands, by_name, fused))
-  return counted
+  return counted, {op.name for name in in_loops for op in computations[name].operations}
 
 
 def _moved(op: Operation, operands: List[str], by_name: Dict[str, Operation],
@@ -247,19 +256,23 @@ def profile(text: str, top: int = 10) -> Tuple[Dict[str, float], List[Dict]]:
 
 def collectives(text: str) -> List[Dict]:
   """The collectives of an optimized HLO module: {"kind" (all-gather, all-reduce, ...),
-  "shape" (the result, per device), "result_bytes", "name" (`readable_name`), "count"}, alike
-  ones counted together, largest first. A loop body's are listed once, as `profile` counts
-  them (a scan over layers runs its collectives once per layer)."""
-  found: Dict[Tuple[str, str, str], Dict] = {}
-  for op, _, _, fused in _counted(text):
+  "shape" (the result, per device), "result_bytes", "name" (`readable_name`), "count",
+  "in_loop" (inside a loop body, which runs it once per trip: a scan over layers or chunks)},
+  alike ones counted together, largest first. A loop body's are listed once, as `profile`
+  counts them."""
+  found: Dict[Tuple[str, str, str, bool], Dict] = {}
+  counted, in_loops = _walked(text)
+  for op, _, _, fused in counted:
     if categorize(op, fused) != "collective":
       continue
     base = op.opcode.replace("-start", "").replace("-done", "")
     kind = base if base in _COLLECTIVES else next(c for c in _COLLECTIVES if c in fused)
     shape = " ".join(dtype + "[" + dims + "]" for dtype, dims, _ in _SHAPE.findall(op.shape))
-    key = (kind, shape, readable_name(op))
+    # An async pair is counted at its done, which holds the start's name.
+    looped = op.name in in_loops
+    key = (kind, shape, readable_name(op), looped)
     entry = found.setdefault(key, {"kind": kind, "shape": shape, "name": key[2], "count": 0,
-                                   "result_bytes": shape_bytes(op.shape)})
+                                   "result_bytes": shape_bytes(op.shape), "in_loop": looped})
     entry["count"] += 1
   return sorted(found.values(), key=lambda e: (-e["result_bytes"] * e["count"], e["name"]))
 

@@ -53,11 +53,14 @@ With `model.scan_layers`, XLA's cost analysis counts the scanned layer once; the
 (and so the roofline) then come from the same step unrolled at 1 and 2 layers, extrapolated to
 L (`cost_analysis` in the report says so); memory is always the real scanned step's. Gradient
 caching's loop over chunks (the embedding job's `config.grad_cache_chunk`) is counted once as
-well: its cost comes from the same two compiles with the chunk loop unrolled.
+well: its cost comes from the step at 1 and 2 chunks per device, the chunk loop unrolled,
+extrapolated the same way.
 """
 import contextlib
 import dataclasses
+import itertools
 import json
+import math
 import re
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -210,22 +213,30 @@ class _Compiler:
   def _loop_cost(self, global_batch: int, loops: Dict[str, int]) -> Dict[str, float]:
     """Per-device FLOPs and bytes of a step with `loops` (`loops_counted_once`). XLA's cost
     analysis counts a loop body once, so the cost comes from the same step unrolled at 1 and 2
-    layers, whose difference is one layer's: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1));
-    gradient caching's chunks are traced unrolled in those two compiles
-    (`grad_cache.unrolled_for_cost`), every chunk counted."""
-    layers = self.num_layers
+    layers, whose difference is one layer's: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1)).
+    With gradient caching, each of those at a batch of 1 and 2 chunks per device, the chunk loop
+    traced unrolled (`grad_cache.unrolled_for_cost`), extrapolated the same way to n chunks (4
+    small compiles; the cost is linear in the batch but for the loss's similarity matrix,
+    quadratic and a small part)."""
+    targets = {"layers": self.num_layers, **loops}
+    names = ["layers"] + (["chunks"] if "chunks" in loops else [])
+    per_chunk = global_batch // loops["chunks"] if "chunks" in loops else global_batch
     unrolled = grad_cache.unrolled_for_cost() if "chunks" in loops else contextlib.nullcontext()
-    with unrolled:
-      one, two = (self._train_and_eval(global_batch, n, with_eval=False)[1] for n in (1, 2))
-    if "flops_per_device" not in one or "flops_per_device" not in two:
-      return {}
-    cost = {k: one[k] + (layers - 1) * (two[k] - one[k])
-            for k in ("flops_per_device", "bytes_accessed_per_device",
-                      "vector_memory_bytes_per_device")}
-    cost["bytes_by_category"] = {
-        k: one["bytes_by_category"][k] + (layers - 1) * (two["bytes_by_category"][k]
-                                                         - one["bytes_by_category"][k])
-        for k in one["bytes_by_category"]}
+    keys = ("flops_per_device", "bytes_accessed_per_device", "vector_memory_bytes_per_device")
+    cost: Dict[str, Any] = dict({k: 0.0 for k in keys}, bytes_by_category={})
+    for corner in itertools.product((1, 2), repeat=len(names)):
+      at = dict(zip(names, corner))
+      with unrolled:
+        measured = self._train_and_eval(per_chunk * at.get("chunks", 1), at["layers"],
+                                        with_eval=False)[1]
+      if "flops_per_device" not in measured:
+        return {}
+      # This corner's weight on the line through 1 and 2, at each loop's trip count.
+      weight = math.prod((2 - targets[n]) if at[n] == 1 else (targets[n] - 1) for n in names)
+      for k in keys:
+        cost[k] += weight * measured[k]
+      for k, value in measured["bytes_by_category"].items():
+        cost["bytes_by_category"][k] = cost["bytes_by_category"].get(k, 0.0) + weight * value
     return cost
 
   def report(self, global_batch: int, scanned_cost: bool = True) -> Dict[str, Any]:
@@ -262,10 +273,10 @@ class _Compiler:
     if cost:
       counted = ", ".join(f"{n} {name}" for name, n in sorted(loops.items()))
       report["cost_analysis"] = (
-          f"loops counted once by XLA ({counted}): the step unrolled at 1 and 2 of its "
-          f"{self.num_layers} layers"
-          + (", its gradient-caching chunks unrolled" if "chunks" in loops else "")
-          + ", extrapolated to all of them")
+          f"loops counted once by XLA ({counted}): the step unrolled at 1 and 2 layers"
+          + (" and 1 and 2 gradient-caching chunks per device" if "chunks" in loops else "")
+          + f", extrapolated to {self.num_layers} layers"
+          + (f" and {loops['chunks']} chunks" if "chunks" in loops else ""))
       report.update(_roofline(cost, report["num_devices"], self.target.spec.generation,
                               report["model_flops_per_step"]))
 
