@@ -221,12 +221,12 @@ class _Compiler:
     targets = {"layers": self.num_layers, **loops}
     names = ["layers"] + (["chunks"] if "chunks" in loops else [])
     per_chunk = global_batch // loops["chunks"] if "chunks" in loops else global_batch
-    unrolled = grad_cache.unrolled_for_cost() if "chunks" in loops else contextlib.nullcontext()
+    unrolled = grad_cache.unrolled_for_cost if "chunks" in loops else contextlib.nullcontext
     keys = ("flops_per_device", "bytes_accessed_per_device", "vector_memory_bytes_per_device")
     cost: Dict[str, Any] = dict({k: 0.0 for k in keys}, bytes_by_category={})
     for corner in itertools.product((1, 2), repeat=len(names)):
       at = dict(zip(names, corner))
-      with unrolled:
+      with unrolled():
         measured = self._train_and_eval(per_chunk * at.get("chunks", 1), at["layers"],
                                         with_eval=False)[1]
       if "flops_per_device" not in measured:
