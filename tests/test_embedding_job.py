@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import parallel, tasks
+from bert_jax import tasks
 from bert_jax.io import checkpoints
 from bert_jax.model import ranking_loss
 from bert_jax.runtime import step as step_core

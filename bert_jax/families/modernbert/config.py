@@ -1,7 +1,7 @@
 """`ModernBertConfig`: the ModernBERT family's fields (names as transformers' ModernBertConfig)
 on the shared base, its released sizes, and its counterpart of a BERT size."""
 import dataclasses
-from typing import Any, ClassVar, Dict, Optional
+from typing import Any, ClassVar, Dict
 
 from bert_jax.model.config import ACTIVATIONS, BertConfig
 
