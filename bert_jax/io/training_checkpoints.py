@@ -745,14 +745,8 @@ class TrainingCheckpointer:
     try:
       names = set(filesystem.listdir(step_dir))
       self._check_format(step, self._read_json(step, "record") if "record" in names else None)
-      target = _on_this_process(filesystem.join(step_dir, "state"))
-      items = {"state": ocp.args.StandardRestore(target)}
-      if "fingerprints" in names:
-        items["fingerprints"] = ocp.args.JsonRestore()
-      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-      if "fingerprints" in restored:
-        check_fingerprints(restored["fingerprints"], restored["state"],
-                           filesystem.join(step_dir, "state"))
+      state = self._read_checked(step, names,
+                                 _on_this_process(filesystem.join(step_dir, "state")))
     except (CheckpointMismatchError, filesystem.UnsafeNameError):
       raise
     except Exception as error:  # pylint: disable=broad-except  (any read failure: named below)
@@ -764,7 +758,19 @@ class TrainingCheckpointer:
       raise CheckpointDamagedError(
           f"The checkpoint {step_dir} cannot be read: {type(error).__name__}: "
           f"{str(error)[:500]}{advice}") from error
-    return restored["state"]["params"]
+    return state["params"]
+
+  def _read_checked(self, step: int, names, target):
+    """The state saved at `step` read into `target` (shapes, dtypes, shardings), against its
+    fingerprints where the checkpoint has them (`names`: the step folder's entries)."""
+    items = {"state": ocp.args.StandardRestore(target)}
+    if "fingerprints" in names:
+      items["fingerprints"] = ocp.args.JsonRestore()
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    if "fingerprints" in restored:
+      check_fingerprints(restored["fingerprints"], restored["state"],
+                         filesystem.join(self.directory, str(step), "state"))
+    return restored["state"]
 
   def restore_state(self, step: int, abstract_state):
     """The whole state saved at `step`, into the shapes, dtypes and shardings of
@@ -784,13 +790,7 @@ class TrainingCheckpointer:
         raise CheckpointMismatchError(
             f"The state saved at step {step} in {self.directory} differs from the one asked "
             "for:\n  " + "\n  ".join(lines))
-      items = {"state": ocp.args.StandardRestore(abstract_state)}
-      if "fingerprints" in names:
-        items["fingerprints"] = ocp.args.JsonRestore()
-      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-      if "fingerprints" in restored:
-        check_fingerprints(restored["fingerprints"], restored["state"],
-                           filesystem.join(step_dir, "state"))
+      state = self._read_checked(step, names, abstract_state)
     except (CheckpointMismatchError, filesystem.UnsafeNameError):
       raise
     except Exception as error:  # pylint: disable=broad-except  (any read failure: named below)
@@ -799,7 +799,7 @@ class TrainingCheckpointer:
       raise CheckpointDamagedError(
           f"The checkpoint {step_dir} cannot be read: {type(error).__name__}: "
           f"{str(error)[:500]}") from error
-    return restored["state"]
+    return state
 
   def _set_aside(self, step: int, error: Exception) -> None:
     self._move_aside(step, error)
