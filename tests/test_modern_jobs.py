@@ -37,7 +37,7 @@ def _experiment(arg):
 def test_phases_each_start_from_the_one_before(tmp_path):
   pretrain = _experiment("phase=pretrain,quick")
   assert pretrain.model.architecture == "modernbert" and pretrain.objective == "mlm"
-  assert pretrain.data.instances == "contiguous" and pretrain.data.masked_lm_prob == 0.30
+  assert pretrain.data.instances == "documents" and pretrain.data.masked_lm_prob == 0.30
   registry.run_job(pretrain, str(tmp_path / "pretrain"))
   previous = tmp_path / "pretrain"
   for phase in ("extend", "decay"):
