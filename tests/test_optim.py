@@ -467,6 +467,20 @@ def test_epsilon_squared_floors_the_rms():
       np.testing.assert_allclose(_flat(params)[key], want, rtol=2e-6, atol=1e-9)
 
 
+def _stack(trees):
+  """Per-layer trees -> one tree of leaves stacked on axis 0 (the scan_layers layout)."""
+  return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _updates(tx, params, steps):
+  """The updates of `tx` at fixed `params` for each gradient of `steps`."""
+  state, out = tx.init(params), []
+  for g in steps:
+    update, state = tx.update(g, state, params)
+    out.append(update)
+  return out
+
+
 def test_stacked_layers_are_clipped_each_by_its_own_rms():
   """A leaf of layers stacked on axis 0 (`scan_layers`) with `stacked`: each layer's update is
   what it would be as its own tensor (the model unrolled); a spike in layer 0 clips layer 0
@@ -477,20 +491,12 @@ def test_stacked_layers_are_clipped_each_by_its_own_rms():
            for _ in range(3)]
   for layer in grads[2][:1]:   # step 3: a spike in layer 0 alone
     layer["w"] = layer["w"] * 50.0
-  stack = lambda trees: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
-
-  def run(tx, params, steps):
-    state, out = tx.init(params), []
-    for g in steps:
-      update, state = tx.update(g, state, params)
-      out.append(update)
-    return out
 
   tx = optim.stable_adamw(1e-2, B1, B2, EPS, 0.1)
-  per_layer = [run(tx, layers[i], [grads[s][i] for s in range(3)]) for i in range(3)]
-  stacked = run(optim.stable_adamw(1e-2, B1, B2, EPS, 0.1, stacked={"w": True}),
-                stack(layers), [stack(g) for g in grads])
-  whole = run(tx, stack(layers), [stack(g) for g in grads])
+  per_layer = [_updates(tx, layers[i], [grads[s][i] for s in range(3)]) for i in range(3)]
+  stacked = _updates(optim.stable_adamw(1e-2, B1, B2, EPS, 0.1, stacked={"w": True}),
+                _stack(layers), [_stack(g) for g in grads])
+  whole = _updates(tx, _stack(layers), [_stack(g) for g in grads])
   for s in range(3):
     want = np.stack([np.asarray(per_layer[i][s]["w"]) for i in range(3)])
     np.testing.assert_allclose(np.asarray(stacked[s]["w"]), want, rtol=1e-6, atol=1e-9)
@@ -525,21 +531,13 @@ def test_lamb_trust_ratio_is_per_layer_of_a_stacked_leaf():
   layers = [{"w": jnp.asarray(s * rng.normal(size=(4, 3)), jnp.float32)} for s in scales]
   grads = [[{"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)} for _ in range(3)]
            for _ in range(2)]
-  stack = lambda trees: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
 
-  def run(tx, params, steps):
-    state, out = tx.init(params), []
-    for g in steps:
-      update, state = tx.update(g, state, params)
-      out.append(update)
-    return out
-
-  per_layer = [run(optim.lamb(1e-2, weight_decay=0.01), layers[i],
+  per_layer = [_updates(optim.lamb(1e-2, weight_decay=0.01), layers[i],
                    [grads[s][i] for s in range(2)]) for i in range(3)]
-  stacked = run(optim.lamb(1e-2, weight_decay=0.01, stacked={"w": True}), stack(layers),
-                [stack(g) for g in grads])
-  whole = run(optim.lamb(1e-2, weight_decay=0.01), stack(layers), [stack(g) for g in grads])
-  theirs = run(optax.lamb(1e-2, weight_decay=0.01), stack(layers), [stack(g) for g in grads])
+  stacked = _updates(optim.lamb(1e-2, weight_decay=0.01, stacked={"w": True}), _stack(layers),
+                [_stack(g) for g in grads])
+  whole = _updates(optim.lamb(1e-2, weight_decay=0.01), _stack(layers), [_stack(g) for g in grads])
+  theirs = _updates(optax.lamb(1e-2, weight_decay=0.01), _stack(layers), [_stack(g) for g in grads])
   for s in range(2):
     want = np.stack([np.asarray(per_layer[i][s]["w"]) for i in range(3)])
     np.testing.assert_allclose(np.asarray(stacked[s]["w"]), want, rtol=1e-6, atol=1e-9)
