@@ -270,12 +270,12 @@ def _interrupted_at(out: str, side: str, step: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("side", ["bert_jax_modern", "hf_modern"])
 def test_modern_side_resumes_on_the_ramp(tiny_data, tmp_path, monkeypatch, side):
-  """A modern side killed after its checkpoint at step 4 (ModernBERT's ramp, the batch still
-  rising: 2, 2, 4, 6 | 6, 8, 8, 8 rows) and run again trains steps 5-8 on the rows the
-  uninterrupted run trained them on. bert_jax ends exactly as the uninterrupted run (the same
-  held-out curve). transformers' Trainer restores its random state only after it has drawn the first batch of the resumed run
-  (`_inner_training_loop`'s `rng_to_sync`, transformers 5.24), so the collator's masks differ
-  from there on: the same rows, other masks, as on the BERT recipe's transformers side."""
+  """A modern side killed after its checkpoint at step 4 (ModernBERT's ramp, the batch still rising:
+  2, 2, 4, 6 | 6, 8, 8, 8 rows) and run again trains steps 5-8 on the rows the uninterrupted run
+  trained them on. bert_jax ends exactly as the uninterrupted run (the same held-out curve).
+  transformers' Trainer restores its random state only after it has drawn the first batch of the
+  resumed run (`_inner_training_loop`'s `rng_to_sync`, transformers 5.24), so the collator's masks
+  differ from there on: the same rows, other masks, as on the BERT recipe's transformers side."""
   if side == "hf_modern":
     pytest.importorskip("optimi", reason="the hf_modern side's StableAdamW is torch-optimi's")
   out = _out_with_data(tiny_data, tmp_path)
