@@ -221,3 +221,15 @@ def test_figures_quoted_from_results_are_in_their_section(path):
   assert not wrong, "\n".join(
       f"{path}:{line}: {number} is not in {RESULTS}#{fragment}" if number else
       f"{path}:{line}: no section #{fragment} in {RESULTS}" for line, number, fragment in wrong)
+
+
+
+def test_results_figures_were_measured_inside_the_supported_jax_range():
+  """Every `jax X.Y.Z` RESULTS.md names (the machine line of a figure) is inside setup.cfg's
+  jax requirement (tests/test_doc_names.py pins the guides' install commands to it)."""
+  from packaging.specifiers import SpecifierSet
+  (spec,) = re.findall(r"^\s+jax(>=[\d.]+,<[\d.]+)\s*$", _read("setup.cfg"), re.M)
+  measured = re.findall(r"\bjax (\d+\.\d+\.\d+)", _read(RESULTS))
+  assert measured, f"{RESULTS} names no jax version"
+  outside = sorted({v for v in measured if v not in SpecifierSet(spec)})
+  assert not outside, f"{RESULTS}: figures measured with jax {outside}, outside setup.cfg's {spec}"
