@@ -68,7 +68,10 @@ EXPECTED_OUTPUTS = {
 }
 
 
-@pytest.mark.parametrize("name", ["mrpc", "ner", "squad", "swag", "encoder"])
+# The fast tier exports a classifier, a span head and the bare encoder; a tagger and multiple
+# choice (25 s each) in the slow tier.
+@pytest.mark.parametrize("name", ["mrpc", pytest.param("ner", marks=pytest.mark.slow), "squad",
+                                  pytest.param("swag", marks=pytest.mark.slow), "encoder"])
 def test_saved_model_equals_bert_jax_at_any_batch_and_length(fine_tuned_runs, tmp_path, name):
   import tensorflow as tf
   servable = _load(fine_tuned_runs, name)
