@@ -506,3 +506,25 @@ def test_jax_install_commands_carry_the_supported_range():
            for spec in re.findall(r"jax\[(?:tpu|cuda\d*)\][^\s\"`']*", _read(path))
            if not spec.endswith("]" + allowed)]
   assert not wrong, wrong
+
+
+def test_install_commands_install_from_the_checkout_and_name_its_extras():
+  """bert_jax is installed from its checkout (it is not on the package index): every `pip
+  install` a document gives names the package by a path (`.`, `-e .`, `./bert_jax`, `/bert_jax`),
+  never as `bert_jax[...]` from the index, and each extra it asks for is one setup.cfg declares."""
+  import configparser
+  setup = configparser.ConfigParser()
+  setup.read(os.path.join(ROOT, "setup.cfg"))
+  extras = set(setup["options.extras_require"])
+  wrong = []
+  for path in DOCUMENTS + ["notebooks/quickstart.ipynb"]:
+    for command in re.findall(r"pip install[^`\n;&|#]*", _read(path)):
+      for word in command.replace('\\"', '"').split()[2:]:
+        word = word.strip("\"'")
+        package, _, extra = word.partition("[")
+        if package in ("bert_jax", "bert-jax"):
+          wrong.append(f"{path}: `{command.strip()}` installs bert_jax from the index")
+        elif package in (".", "./bert_jax", "/bert_jax") and extra:
+          wrong += [f"{path}: `{command.strip()}`: no extra {name!r} in setup.cfg"
+                    for name in extra.rstrip("]").split(",") if name not in extras]
+  assert not wrong, "\n".join(wrong)
