@@ -5,9 +5,15 @@ Every case ends in exact recovery (final parameters bit for bit those of an unda
 clear error naming the file; never a hang, an error naming nothing, or a file outside the
 workdir read or written. The fast tier runs a sample; the slow tier a spread over every file
 and every damage (the whole cross product is the benchmark's command)."""
+import json
+import os
+import re
+
 import pytest
 
 from benchmarks import workdir_fuzz
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (file, damage): one of each kind of file a run reads back, each with a damage that reaches it.
 SAMPLE = [("bert_config.json", "link to /dev/zero"),
@@ -44,6 +50,37 @@ def test_outcomes_are_classified_by_what_the_error_names():
                                          "checkpoints/4/state/manifest.ocdbt")
   assert not workdir_fuzz.names_the_file("ValueError: Object must be a dict", "/w",
                                          "checkpoints/4/_CHECKPOINT_METADATA")
+
+
+def _section(text: str, heading: str) -> str:
+  """The text under `## heading` up to the next `## `."""
+  return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_docs_workdir_names_every_file_the_quick_run_writes_and_every_metric(fuzzer):
+  """docs/workdir.md against the files and metrics.jsonl of a real run (the fuzzer's reference:
+  the quick demo, 4 steps, checkpoints at 2 and 4): every file is under a path the table of
+  "What a workdir holds" lists (`<step>`-style placeholders match one name), and every field of
+  every metrics.jsonl line is named in its section."""
+  with open(os.path.join(ROOT, "docs", "workdir.md"), encoding="utf-8") as f:
+    doc = f.read()
+  table = _section(doc, "What a workdir holds")
+  listed = [name for row in table.splitlines() if row.startswith("| `")
+            for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+  patterns = [re.compile(re.sub(r"\\<[^>]+\\>|<[^>]+>", "[^/]+", re.escape(name))
+                         + ("" if name.endswith("/") else "$")) for name in listed]
+  files = []
+  for directory, _, names in os.walk(fuzzer.reference):
+    files += [os.path.relpath(os.path.join(directory, n), fuzzer.reference) for n in names]
+  assert "metrics.jsonl" in files and any(f.startswith("checkpoints/4/") for f in files)
+  unlisted = sorted(f for f in files if not any(p.match(f) for p in patterns))
+  assert not unlisted, f"docs/workdir.md does not list: {unlisted} (listed: {listed})"
+
+  metrics = _section(doc, "`metrics.jsonl`")
+  with open(os.path.join(fuzzer.reference, "metrics.jsonl")) as f:
+    fields = {key for line in f for key in json.loads(line)}
+  unnamed = sorted(k for k in fields if not re.search(rf"[`\"]{re.escape(k)}[`\"]", metrics))
+  assert not unnamed, f"docs/workdir.md's metrics.jsonl section does not name: {unnamed}"
 
 
 @pytest.mark.slow
