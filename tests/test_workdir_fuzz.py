@@ -91,6 +91,7 @@ def test_every_file_with_each_damage(fuzzer, damage):
   cases = [case for case in fuzzer.cases() if case.damage == damage]
   assert len(cases) >= 10, [c.file for c in cases]
   done = [fuzzer.run_case(case, 100 + i) for i, case in enumerate(cases)]
+  print(json.dumps({"damage": damage, **workdir_fuzz.summary(done)}))   # shown by pytest -rP
   assert not _failures(done), "\n".join(_failures(done))
 
 
