@@ -285,3 +285,23 @@ def test_vocab_json_without_merges_is_a_clear_error(roberta_bpe_files, tmp_path)
   (tmp_path / "other.json").write_text('{"a": "b"}')
   with pytest.raises(ValueError, match="is not a Hugging Face tokenizer.json"):
     tokenization.HuggingFaceTokenizer(str(tmp_path / "other.json"))
+
+
+@pytest.mark.slow
+def test_a_saved_model_of_a_vocab_json_checkpoint_carries_one_tokenizer_json(roberta_bpe_files,
+                                                                             tmp_path):
+  """The export writes vocab.json + merges.txt as the tokenizer.json transformers saves for them,
+  into assets/, through a temporary folder that is gone afterwards."""
+  import glob
+  import tempfile
+  from bert_jax.tasks.tools import serving
+  full, bare = roberta_bpe_files
+  temporary = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "bert_jax_vocab_*")))
+  before = temporary()
+  output = str(tmp_path / "saved_model")
+  serving.export(bare, "saved_model", output)
+  assert temporary() <= before
+  with open(os.path.join(output, "assets", "tokenizer.json")) as f:
+    assert json.load(f) == json.load(open(os.path.join(full, "tokenizer.json")))
+  signature = json.load(open(os.path.join(output, "signature.json")))
+  assert signature["tokenizer"]["vocab"] == "assets/tokenizer.json"

@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import jax
@@ -289,19 +290,22 @@ def signature_description(servable: Servable, fmt: str, vocab_name: Optional[str
 # ----------------------------------------------------------------------------------- SavedModel
 
 
-def _vocabulary(servable: Servable) -> Tuple[Optional[str], Optional[str]]:
-  """(path of the vocabulary file, its name in the export) or (None, None); a Hugging Face
-  tokenizer read from another form (RoBERTa's vocab.json + merges.txt) as one tokenizer.json,
-  written to a temporary folder."""
+@contextlib.contextmanager
+def _vocabulary(servable: Servable) -> Iterator[Tuple[Optional[str], Optional[str]]]:
+  """Yields (path of the vocabulary file, its name in the export) or (None, None); a Hugging Face
+  tokenizer read from another form (RoBERTa's vocab.json + merges.txt) as one tokenizer.json, in
+  a temporary folder that is removed when the block ends (the SavedModel has copied it by then)."""
   path = servable.vocab_file or servable.spm_model_file or servable.tokenizer_file
   if not path:
-    return None, None
-  if servable.tokenizer_file and filesystem.basename(path) != "tokenizer.json":
-    import tempfile
-    path = os.path.join(tempfile.mkdtemp(prefix="bert_jax_vocab_"), "tokenizer.json")
-    filesystem.write_text(path, tokenization.HuggingFaceTokenizer(
-        servable.tokenizer_file).tokenizer_json())
-  return path, filesystem.basename(path)
+    yield None, None
+  elif servable.tokenizer_file and filesystem.basename(path) != "tokenizer.json":
+    with tempfile.TemporaryDirectory(prefix="bert_jax_vocab_") as directory:
+      path = os.path.join(directory, "tokenizer.json")
+      filesystem.write_text(path, tokenization.HuggingFaceTokenizer(
+          servable.tokenizer_file).tokenizer_json())
+      yield path, "tokenizer.json"
+  else:
+    yield path, filesystem.basename(path)
 
 
 def _special_tokens(servable: Servable) -> Dict[str, str]:
@@ -339,9 +343,6 @@ def export_saved_model(servable: Servable, output: str,
 
   module = tf.Module()
   module._variables = list(variables.values())   # tracked: saved as variables, not constants
-  vocab_path, vocab_name = _vocabulary(servable)
-  if vocab_path:   # copied into assets/ under its base name (best/ keeps vocab.txt / spm.model)
-    module.vocab = tf.saved_model.Asset(vocab_path)
   dims = input_shape(servable)
 
   @tf.function(autograph=False, input_signature=[
@@ -353,8 +354,11 @@ def export_saved_model(servable: Servable, output: str,
   # jax2tf lowers and serializes while `serve` is traced: both fixes must be in place then.
   # TensorFlow's writer checks nothing it writes to a URL (an export once exited 0 with 5 of its
   # 6 files in the bucket): it writes to a local directory, uploaded file by file, each checked.
-  with written_whole(output) as partial, filesystem.local_directory_target(partial) as local, \
+  with _vocabulary(servable) as (vocab_path, vocab_name), written_whole(output) as partial, \
+      filesystem.local_directory_target(partial) as local, \
       stablehlo_readable_by_tensorflow(), erf_without_composite():
+    if vocab_path:   # copied into assets/ under its base name (best/ keeps vocab.txt, spm.model)
+      module.vocab = tf.saved_model.Asset(vocab_path)
     tf.saved_model.save(module, local,
                         signatures={SERVING_SIGNATURE: serve.get_concrete_function()})
   description = signature_description(
