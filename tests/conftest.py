@@ -73,7 +73,9 @@ def pytest_collection_modifyitems(config, items):
   want_slow = tier == "slow"
   kept, deselected = [], []
   for item in items:
-    is_slow = any(marker in item.keywords for marker in SLOW_MARKERS)
+    # Markers, not keywords: keywords hold the names of the folders above, and a checkout in a
+    # folder named `slow` would put every test in the slow tier.
+    is_slow = any(item.get_closest_marker(marker) for marker in SLOW_MARKERS)
     (kept if is_slow == want_slow else deselected).append(item)
   if deselected:
     config.hook.pytest_deselected(items=deselected)
