@@ -5,11 +5,12 @@ sentence-transformers' trainer, from the same checkpoint, on SQuAD as a retrieva
 
 The defaults: all-MiniLM-L6-v2, 3 seeds a side of 60 steps of 16 pairs (1,024 drawn), scored at
 steps 0, 20, 40 and 60 on 1,000 questions against the 1,089 paragraphs of 24 test articles, plus
-the random ModernBERT row (1 seed a side); about 28 minutes on an idle 2-core CPU, two thirds of
-it evaluation (estimated from a smoke run of 1 seed, 10 steps, 256 pairs, 300 questions, which
-took 11.5 minutes at a load average of 2.5-4 from other work). `--quick`: a handful of pairs and
-questions, 2 steps, one seed (tests/test_embedding_side_by_side.py runs it on a tiny random
-encoder).
+the random ModernBERT row (1 seed a side): about 28 minutes on an idle 2-core CPU, half of it
+evaluation. That is an estimate from the parts measured at a load average of about 1.3 (a MiniLM
+step 1.4 s on either side, an evaluation 35 s); on the shared machine, at a load average of 4-5
+from other work, one seed of MiniLM alone (`--seeds=1 --no-modernbert`) took 23 minutes. Run it
+on an idle machine (below). `--quick`: a handful of pairs and questions, 2 steps, one seed
+(tests/test_embedding_side_by_side.py runs it on a tiny random encoder).
 
 Data: `data_pipelines.squad_retrieval` turns SQuAD v1.1 dev (`--squad_file`) into a BEIR folder
 of half its articles (`--test_fraction`; every paragraph of them is the corpus, `--test_queries`
@@ -69,9 +70,9 @@ Each side trains in a fresh process of its own (spawned; bert_jax's with the gli
 `bert_jax.main` sets, `host_memory`), as its users run it, with no thread pool, allocator
 setting or memory of the other side's libraries beside it; evaluations run in the parent. The load
 average before and after each run is recorded. Compare only runs on an idle machine: other work
-slows torch's spinning OpenMP threads far more than XLA's pool (in the smoke run above, at a
-load average of 4, MiniLM's step took 7.1 s on the sentence-transformers side and 2.6 s on
-bert_jax's; measured alone at a load average of 1.3 the same steps took 1.35 s and 1.4 s).
+slows torch's spinning OpenMP threads far more than XLA's pool (at a load average of 4-5 from
+other work MiniLM's step took 12.4 s on the sentence-transformers side and 2.7 s on bert_jax's;
+measured alone at a load average of 1.3 the same steps took 1.35 s and 1.4 s).
 
 The ModernBERT row (`--modernbert`): no pretrained ModernBERT can be downloaded here, so
 transformers writes a random `ModernBertModel` of `--modernbert_shape` (default MiniLM's size: 6
@@ -116,7 +117,9 @@ from benchmarks import bench_util  # noqa: E402
 
 SIDES = ("bert_jax", "sentence_transformers")
 NAMES = {"bert_jax": "bert_jax", "sentence_transformers": "sentence-transformers"}
-METRICS = ("nDCG@10", "MRR@10", "Recall@100")   # bert_jax.tasks.datasets.beir.METRICS
+# bert_jax.tasks.datasets.beir.METRICS, written out: importing it at the top would bring JAX into
+# the sentence-transformers side's process, which imports this module.
+METRICS = ("nDCG@10", "MRR@10", "Recall@100")
 # The packages whose versions the torch side's figures depend on (the JAX side's: the
 # environment `bert_jax.runtime.environment.describe` records).
 TORCH_PACKAGES = ("torch", "transformers", "sentence-transformers", "accelerate", "datasets")
@@ -126,6 +129,7 @@ SQUAD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."
 QUICK = dict(train_pairs=16, test_queries=8, seeds=1, steps=2, batch=4, eval_every=1,
              max_seq_length=32, max_query_length=16, modernbert_shape="2,32,2,48",
              modernbert_seeds=1)
+
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -84,7 +84,9 @@ def test_the_random_modernbert_is_one_model_to_both_sides(tmp_path):
   vocabulary, wrapped as a sentence-transformers folder: both sides embed texts alike from it."""
   st = pytest.importorskip("sentence_transformers", reason="the peer side")
   from benchmarks import embedding_side_by_side as bench
+  from bert_jax.tasks.datasets import beir
   from bert_jax.tasks.tools import embedding
+  assert bench.METRICS == beir.METRICS   # the benchmark's copy (module-level, JAX-free)
   encoder = bench.write_modernbert(str(tmp_path / "encoder"), tiny_bert(tmp_path), "2,32,2,48")
   folder = bench.sentence_transformers_folder(encoder, str(tmp_path / "st"), 32)
   assert bench.sentence_transformers_folder(folder, str(tmp_path / "again"), 32) == folder
