@@ -217,10 +217,10 @@ def test_the_quick_run_resumes_exactly_and_keeps_the_model(tmp_path, capsys):
   assert vector.shape == (1, 32) and float(jnp.linalg.norm(vector)) == pytest.approx(1.0)
 
 
-def test_the_best_model_by_the_retrieval_evaluator_is_kept(tmp_path):
+def test_the_best_model_by_the_retrieval_evaluator_is_kept(tmp_path, capsys):
   """With an evaluator (the retrieval tool's `evaluate_beir` shape): called at step 0 and every
   eval_every_steps with an `encode(texts, kind)` of the model being trained; best/ is the best
-  nDCG@10's, with embedding.json."""
+  nDCG@10's, with embedding.json; each evaluation's scores are on its console line."""
   calls = []
 
   def evaluate_beir(encode, beir_dir, split):
@@ -239,6 +239,8 @@ def test_the_best_model_by_the_retrieval_evaluator_is_kept(tmp_path):
   assert best["step"] == 2 and "embedding.json" in best["file_digests"]
   evals = read_metrics(str(tmp_path / "workdir"), "eval")
   assert [(r["step"], r["nDCG@10"]) for r in evals] == [(0, 0.2), (2, 0.5), (4, 0.3)]
+  assert "[embeddings] eval step 2/4 nDCG@10=0.5 MRR@10=0.1 Recall@100=0.9\n" in \
+      capsys.readouterr().out
 
 
 def test_a_beir_dir_that_is_not_a_beir_folder_is_a_clear_error_before_training(tmp_path):

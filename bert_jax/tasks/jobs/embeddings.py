@@ -433,7 +433,9 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
       warm_start=functools.partial(_warm_start, config, inputs.bert_config, tx),
       throughput=Throughput(rates=lambda sums, steps, seconds: {
           "examples_per_sec": steps * batch_size / seconds}),
-      console_keys=("loss", "in_batch_accuracy", "learning_rate"))
+      # Training lines' metrics, and an evaluation's scores on its line.
+      console_keys=("loss", "in_batch_accuracy", "learning_rate") + tuple(
+          dict.fromkeys((config.eval.best_metric,) + beir.METRICS)))
 
 
 def _prepared(config, workdir: str) -> Inputs:
