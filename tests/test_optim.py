@@ -144,6 +144,20 @@ def test_wsd_without_a_decay_stays_at_the_peak():
   assert set(values(constant, [0, 10, 25])) == {np.float32(3e-4)}
 
 
+@pytest.mark.parametrize("warmup, total", [(6, 60), (0, 7), (3, 31)])
+def test_the_linear_schedule_is_transformers(warmup, total):
+  """`linear` (the embedding job's default) is transformers' get_linear_schedule_with_warmup,
+  the schedule of sentence-transformers' trainer, step for step."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  parameter = torch.nn.Parameter(torch.zeros(1))
+  optimizer = torch.optim.SGD([parameter], lr=2e-5)
+  theirs = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total)
+  want = [2e-5 * theirs.lr_lambdas[0](t) for t in range(total + 2)]
+  schedule = optim.make_schedule(schedule_config(name="linear"), 2e-5, warmup, total)
+  np.testing.assert_allclose(values(schedule, range(total + 2)), want, rtol=1e-6, atol=1e-12)
+
+
 def test_final_fraction_of_the_bert_schedule():
   schedule = optim.make_schedule(schedule_config(final_fraction=0.25), 1e-4, 10, 100)
   np.testing.assert_allclose(values(schedule, [5, 10, 55, 100]),
@@ -160,6 +174,7 @@ def test_final_fraction_of_the_bert_schedule():
     (dict(decay_fraction=0.2), 0, "the 'wsd' schedule's"),
     (dict(decay_shape="1-sqrt"), 0, "the 'wsd' schedule's"),
     (dict(name="trapezoid"), 0, "expected one of"),
+    (dict(name="linear", decay_fraction=0.5), 10, "the 'wsd' schedule's"),
 ])
 def test_schedule_errors_name_the_field(fields, warmup, message):
   with pytest.raises(ValueError, match=message):

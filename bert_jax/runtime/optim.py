@@ -22,7 +22,7 @@ import ml_collections
 import optax
 
 OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
-SCHEDULES = ("bert", "wsd")
+SCHEDULES = ("bert", "wsd", "linear")
 # x in [0, 1] (the fraction of the decay done) -> the fraction of the way from the final rate to
 # the peak still left: 1 at the start of the decay, 0 at its end.
 DECAY_SHAPES = {
@@ -118,6 +118,15 @@ def make_schedule(sched: Optional[ml_collections.ConfigDict], learning_rate: flo
   if sched.name == "wsd":
     return wsd_schedule(learning_rate, warmup_steps, num_train_steps,
                         decay_steps_of(sched, num_train_steps), sched.decay_shape, final)
+  if sched.name == "linear":
+    # transformers' get_linear_schedule_with_warmup (sentence-transformers' trainer's default):
+    # the warm-up, then straight down to the final rate over every other step.
+    if sched.decay_steps or sched.decay_fraction or sched.decay_shape != "linear":
+      raise ValueError(
+          "config.schedule.name='linear' decays linearly over every step after the warm-up; "
+          "decay_steps, decay_fraction and decay_shape are the 'wsd' schedule's")
+    return wsd_schedule(learning_rate, warmup_steps, num_train_steps,
+                        max(num_train_steps - warmup_steps, 0), "linear", final)
   raise ValueError(f"config.schedule.name={sched.name!r}: expected one of {list(SCHEDULES)}")
 
 
