@@ -4,13 +4,13 @@ sentence-transformers' trainer, from the same checkpoint, on SQuAD as a retrieva
   python -m benchmarks.embedding_side_by_side --out=/tmp/embedding_side_by_side
 
 The defaults: all-MiniLM-L6-v2, 3 seeds a side of 60 steps of 16 pairs (1,024 drawn), scored at
-steps 0, 20, 40 and 60 on 1,000 questions against the 1,089 paragraphs of 24 test articles, plus
-the random ModernBERT row (1 seed a side): about 28 minutes on an idle 2-core CPU, half of it
-evaluation. That is an estimate from the parts measured at a load average of about 1.3 (a MiniLM
-step 1.4 s on either side, an evaluation 35 s); on the shared machine, at a load average of 4-5
-from other work, one seed of MiniLM alone (`--seeds=1 --no-modernbert`) took 23 minutes. Run it
-on an idle machine (below). `--quick`: a handful of pairs and questions, 2 steps, one seed
-(tests/test_embedding_side_by_side.py runs it on a tiny random encoder).
+steps 0, 20, 40 and 60 on 1,000 questions against the 1,089 paragraphs of 24 test articles, plus the
+random ModernBERT row (1 seed a side): 24.9 minutes on an idle 2-core AMD EPYC (2026-11-29;
+benchmarks/RESULTS.md). Run it on an idle machine: other load slows torch's threads far more than
+XLA's (at a load average of 4-5 a sentence-transformers step took 12.4 s against bert_jax's 2.7 s;
+1.39 s on both sides idle), which would flatter the ratio. `--quick`: a handful of pairs and
+questions, 2 steps, one seed (tests/test_embedding_side_by_side.py runs it on a tiny random
+encoder).
 
 Data: `data_pipelines.squad_retrieval` turns SQuAD v1.1 dev (`--squad_file`) into a BEIR folder
 of half its articles (`--test_fraction`; every paragraph of them is the corpus, `--test_queries`
