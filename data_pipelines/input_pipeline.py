@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message
 # The one-file reader inside tf.data.TFRecordDataset, which wraps it in a FlatMap over the file
 # names: that FlatMap's saved state holds the name it read, absolute, and a restore reopens that
 # path (a copied workdir read its source's files). This reader's state is an offset alone.
@@ -116,34 +117,40 @@ def input_manifest(files: Sequence[str]) -> List[list]:
   return [[name, size, digest] for name, (size, digest) in zip(names, keys)]
 
 
+def _first_features(path: str):
+  """The feature map of the first record of `path`; a clear error naming the file when it has no
+  record or is not a TFRecord file (cut, overwritten, another kind of file)."""
+  try:
+    for raw in tf.data.TFRecordDataset(path).take(1):
+      return tf.train.Example.FromString(raw.numpy()).features.feature
+  except (tf.errors.OpError, message.DecodeError) as error:
+    detail = getattr(error, "message", str(error)).split("[Op:")[0].strip()
+    raise ValueError(f"{path}: not a readable TFRecord file of tf.train.Examples ({detail})"
+                     ) from None
+  raise ValueError(f"{path}: no records")
+
+
 def record_kind(path: str) -> str:
   """'static' (masked_lm_* present) or 'dynamic' (is_word_continuation present)."""
-  for raw in tf.data.TFRecordDataset(path).take(1):
-    example = tf.train.Example.FromString(raw.numpy())
-    names = set(example.features.feature)
-    if F.MASKED_LM_POSITIONS in names:
-      return "static"
-    if F.IS_WORD_CONTINUATION in names:
-      return "dynamic"
-    raise ValueError(f"{path}: records have neither {F.MASKED_LM_POSITIONS} (static masking) nor "
-                     f"{F.IS_WORD_CONTINUATION} (dynamic masking); features: {sorted(names)}")
-  raise ValueError(f"{path}: no records")
+  names = set(_first_features(path))
+  if F.MASKED_LM_POSITIONS in names:
+    return "static"
+  if F.IS_WORD_CONTINUATION in names:
+    return "dynamic"
+  raise ValueError(f"{path}: records have neither {F.MASKED_LM_POSITIONS} (static masking) nor "
+                   f"{F.IS_WORD_CONTINUATION} (dynamic masking); features: {sorted(names)}")
 
 
 def has_nsp_labels(path: str) -> bool:
   """Whether the first record of `path` has next_sentence_labels: False for contiguous instances
   (`create_pretraining_data --instances=contiguous`)."""
-  for raw in tf.data.TFRecordDataset(path).take(1):
-    return F.NEXT_SENTENCE_LABELS in tf.train.Example.FromString(raw.numpy()).features.feature
-  raise ValueError(f"{path}: no records")
+  return F.NEXT_SENTENCE_LABELS in _first_features(path)
 
 
 def has_sequence_ids(path: str) -> bool:
   """Whether the first record of `path` packs documents as sequences (`sequence_ids`;
   `create_pretraining_data --instances=documents`)."""
-  for raw in tf.data.TFRecordDataset(path).take(1):
-    return F.SEQUENCE_IDS in tf.train.Example.FromString(raw.numpy()).features.feature
-  raise ValueError(f"{path}: no records")
+  return F.SEQUENCE_IDS in _first_features(path)
 
 
 def instance_form(path: str) -> str:

@@ -132,3 +132,11 @@ def test_a_sharded_checkpoint_index_naming_a_shard_outside_is_refused(tmp_path):
       json.dumps({"weight_map": {"w": "../elsewhere.safetensors"}}))
   with pytest.raises(filesystem.UnsafeNameError, match=r"model\.safetensors\.index\.json"):
     checkpoints._read_safetensors(str(model))
+
+
+@pytest.mark.parametrize("recorded", [["vocab.txt"], {"vocab.txt": 5}, {"vocab.txt": {"bytes": "5"}}])
+def test_digests_of_other_types_are_damage_naming_their_file(tmp_path, recorded):
+  """A digest record (DONE's vocabulary, best.json's files) of other JSON types: the record
+  file named as damaged, nothing opened."""
+  with pytest.raises(file_digests.DamagedFileError, match="DONE: its digests are not"):
+    file_digests.check(str(tmp_path), recorded, "DONE")

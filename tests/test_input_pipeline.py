@@ -126,3 +126,15 @@ def test_a_damaged_position_is_named_not_read(saved, vocab):
   with pytest.raises(CheckpointDamagedError, match=rf"position/{data} has \d+ bytes where "
                      r"position\.json records"):
     _iterator(os.path.join(source, "train-*.tfrecord"), vocab).restore(position)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x82\x01 not a TFRecord file at all" * 8])
+def test_a_records_file_that_is_not_one_is_an_error_naming_it(tmp_path, content):
+  """What the pipeline reads first (the records' kind and form) from a file that is empty, or of
+  other bytes (damaged, overwritten): an error naming the file, not TensorFlow's DataLossError."""
+  path = str(tmp_path / "train.tfrecord")
+  with open(path, "wb") as f:
+    f.write(content)
+  for read in (input_pipeline.record_kind, input_pipeline.instance_form):
+    with pytest.raises(ValueError, match=f"{path}: (no records|not a readable TFRecord file)"):
+      read(path)

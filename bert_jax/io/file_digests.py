@@ -39,6 +39,12 @@ def digests(directory: str, names: Iterable[str]) -> Dict[str, Dict[str, object]
 def check(directory: str, recorded: Dict[str, Dict[str, object]], record_name: str) -> None:
   """Raises DamagedFileError naming the first file of `directory` that is missing or differs
   from its digest in `recorded` (which `record_name`, e.g. best.json, holds)."""
+  if not (isinstance(recorded, dict) and all(
+      isinstance(name, str) and isinstance(d, dict) and isinstance(d.get("bytes"), int)
+      and isinstance(d.get("sha256"), str) for name, d in recorded.items())):
+    raise DamagedFileError(f"{record_name}: its digests are not {{name: {{\"bytes\": int, "
+                           f"\"sha256\": str}}}} but {str(recorded)[:200]}: the file was edited "
+                           "or damaged")
   for name, expected in sorted(recorded.items()):
     # A recorded name is read back from a file that may have been edited or crafted: confined
     # to `directory` (`filesystem.UnsafeNameError` otherwise) before anything is opened.
