@@ -134,7 +134,8 @@ def test_a_sharded_checkpoint_index_naming_a_shard_outside_is_refused(tmp_path):
     checkpoints._read_safetensors(str(model))
 
 
-@pytest.mark.parametrize("recorded", [["vocab.txt"], {"vocab.txt": 5}, {"vocab.txt": {"bytes": "5"}}])
+@pytest.mark.parametrize("recorded", [
+    ["vocab.txt"], {"vocab.txt": 5}, {"vocab.txt": {"bytes": "5"}}])
 def test_digests_of_other_types_are_damage_naming_their_file(tmp_path, recorded):
   """A digest record (DONE's vocabulary, best.json's files) of other JSON types: the record
   file named as damaged, nothing opened."""
