@@ -99,16 +99,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from benchmarks import process_setup
 
-if __name__ == "__main__":
-  # As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads (faster CPU steps);
-  # not on import (the test), where other threads run already and it would only warn.
-  from bert_jax.runtime import host_memory
-  host_memory.keep_freed_memory()
+process_setup.prepare(main=__name__ == "__main__")
 
 import numpy as np  # noqa: E402
 

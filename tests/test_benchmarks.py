@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Shared code, tested through the benchmarks that use it (ablations: gpu_pretrain_mfu's variants).
-HELPERS = ("__init__", "bench_util", "ablations")
+HELPERS = ("__init__", "bench_util", "process_setup", "ablations")
 
 
 def _run(*argv, timeout=600):
