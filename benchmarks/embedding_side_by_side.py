@@ -579,14 +579,11 @@ def run_sentence_transformers(s: Settings, model: Model, data: Dict, seed: int,
 # ----------------------------------------------------------------------------------- the comparison
 
 
-def spread(values: Sequence[float]) -> Dict[str, float]:
-  return bench_util.seed_spread(values)
-
-
 def summarise(runs: Dict[str, List[Dict]]) -> Dict[str, Any]:
   """Per side: the last evaluation's metrics and steps per second over the seeds; nDCG@10's
   difference of means and whether the seeds' ranges overlap; the largest per-step loss
   difference of a seed's two runs; the speed ratio."""
+  spread = bench_util.seed_spread
   sides = {side: {name: spread([r["curve"][-1][name] for r in runs[side]]) for name in METRICS}
            for side in SIDES}
   for side in SIDES:

@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
-from google.protobuf import message
+from google.protobuf import message as protobuf_message
 # The one-file reader inside tf.data.TFRecordDataset, which wraps it in a FlatMap over the file
 # names: that FlatMap's saved state holds the name it read, absolute, and a restore reopens that
 # path (a copied workdir read its source's files). This reader's state is an offset alone.
@@ -123,7 +123,7 @@ def _first_features(path: str):
   try:
     for raw in tf.data.TFRecordDataset(path).take(1):
       return tf.train.Example.FromString(raw.numpy()).features.feature
-  except (tf.errors.OpError, message.DecodeError) as error:
+  except (tf.errors.OpError, protobuf_message.DecodeError) as error:
     detail = getattr(error, "message", str(error)).split("[Op:")[0].strip()
     raise ValueError(f"{path}: not a readable TFRecord file of tf.train.Examples ({detail})"
                      ) from None

@@ -109,11 +109,14 @@ def make_schedule(sched: Optional[ml_collections.ConfigDict], learning_rate: flo
   if not 0.0 <= sched.final_fraction <= 1.0:
     raise ValueError(f"config.schedule.final_fraction={sched.final_fraction}: expected 0..1")
   final = learning_rate * sched.final_fraction
+  # bert and linear have one shape and length of decay: wsd's fields do not apply to them.
+  if sched.name in ("bert", "linear") and (
+      sched.decay_steps or sched.decay_fraction or sched.decay_shape != "linear"):
+    raise ValueError(
+        f"config.schedule.name={sched.name!r} decays linearly over "
+        f"{'all steps' if sched.name == 'bert' else 'every step after the warm-up'}; decay_steps, "
+        "decay_fraction and decay_shape are the 'wsd' schedule's (--config.schedule.name=wsd)")
   if sched.name == "bert":
-    if sched.decay_steps or sched.decay_fraction or sched.decay_shape != "linear":
-      raise ValueError(
-          "config.schedule.name='bert' decays linearly over all steps; decay_steps, "
-          "decay_fraction and decay_shape are the 'wsd' schedule's (--config.schedule.name=wsd)")
     return bert_schedule(learning_rate, warmup_steps, num_train_steps, decay_to=final)
   if sched.name == "wsd":
     return wsd_schedule(learning_rate, warmup_steps, num_train_steps,
@@ -121,10 +124,6 @@ def make_schedule(sched: Optional[ml_collections.ConfigDict], learning_rate: flo
   if sched.name == "linear":
     # transformers' get_linear_schedule_with_warmup (sentence-transformers' trainer's default):
     # the warm-up, then straight down to the final rate over every other step.
-    if sched.decay_steps or sched.decay_fraction or sched.decay_shape != "linear":
-      raise ValueError(
-          "config.schedule.name='linear' decays linearly over every step after the warm-up; "
-          "decay_steps, decay_fraction and decay_shape are the 'wsd' schedule's")
     return wsd_schedule(learning_rate, warmup_steps, num_train_steps,
                         max(num_train_steps - warmup_steps, 0), "linear", final)
   raise ValueError(f"config.schedule.name={sched.name!r}: expected one of {list(SCHEDULES)}")
