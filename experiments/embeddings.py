@@ -78,6 +78,10 @@ def get_config(arg=None):
 
   c.data.train_file = ""             # JSON lines; "" = demo pairs from Python's documentation
   c.data.max_query_length = 64       # query tokens
+  # Training batches: queries and documents each cut to the smallest multiple of this holding
+  # the batch's longest (sentence-transformers pads to the longest); 0: always the full lengths
+  # (one compiled shape).
+  c.length_bucket = 32
   # Hard negatives per pair in the step: -1 = the most any row of the file has (rows with fewer
   # leave slots empty: never scored); N = the first N of each row.
   c.data.num_negatives = -1

@@ -19,6 +19,7 @@ from bert_jax.io import checkpoints
 from bert_jax.model import ranking_loss
 from bert_jax.runtime import step as step_core
 from bert_jax.runtime.metric_writers import TIMING_FIELDS, read_metrics
+from bert_jax.tasks.framework import finetuning
 from bert_jax.tasks.jobs import embedding_data, embeddings
 from tests import embedding_fixtures as efx
 
@@ -157,6 +158,42 @@ def test_gradient_caching_gives_the_plain_steps_gradient(tmp_path, symmetric):
                                  atol=1e-5, err_msg=jax.tree_util.keystr(path))
   with pytest.raises(ValueError, match="grad_cache_chunk=3: each of the 1 data-parallel"):
     _objective_gradients(config, 3)
+
+
+def test_length_buckets_cut_the_batch_and_leave_loss_and_gradient_as_they_were(tmp_path):
+  # Texts of a few words, padded to 16 (queries) and 32 (documents) tokens.
+  config = efx.quick_config(str(tmp_path), length_bucket=4, global_batch_size=8,
+                            max_seq_length=32, **{"data.max_query_length": 16})
+  inputs = embeddings.read_inputs(config, str(tmp_path))
+  job = embeddings.make_job(config, inputs)
+  state = jax.jit(job.init_state)()
+  objective = embeddings.embedding_objective(job.model, config.embedding.scale, False)
+
+  @jax.jit
+  def loss_and_gradients(params, batch):
+    totals = objective.totals(batch)
+    grads, terms = step_core.gradients(params, batch, jax.random.PRNGKey(3), objective, totals)
+    return objective.loss(terms, totals), grads
+  next_batch = job.batches().next_batch
+  order = finetuning.TrainOrder(inputs.rows, 8, config.seed)
+  for step in range(2):
+    cut = next_batch(step)
+    full = {k: v[order.batch_index(step)] for k, v in inputs.arrays.items()}
+    for kind, full_length in (("query", 16), ("document", 32)):
+      longest = int(full[f"{kind}_mask"].sum(-1).max())
+      assert cut[f"{kind}_ids"].shape[-1] == -(-longest // 4) * 4 < full_length
+      np.testing.assert_array_equal(cut[f"{kind}_ids"],
+                                    full[f"{kind}_ids"][..., :cut[f"{kind}_ids"].shape[-1]])
+    loss, grads = loss_and_gradients(state.params, cut)
+    full_loss, full_grads = loss_and_gradients(state.params, full)
+    assert float(loss) == pytest.approx(float(full_loss), rel=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
+                            jax.tree_util.tree_leaves(full_grads)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+  # 0: the full lengths.
+  config.length_bucket = 0
+  uncut = embeddings.make_job(config, inputs).batches().next_batch(0)
+  assert uncut["query_ids"].shape[-1] == 16 and uncut["document_ids"].shape[-1] == 32
 
 
 @pytest.mark.slow   # about a minute on 2 cores: 8 devices compile every variant

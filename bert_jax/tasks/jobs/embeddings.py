@@ -15,7 +15,10 @@ the batch (and with it the negatives) can be far larger than the activations tha
 
 The pairs: `config.data.train_file` (JSON lines, `embedding_data.py`), or without one the demo
 pairs from Python's documentation. Rows are shuffled per epoch from `config.seed`, the batch of
-step s a pure function of s (a resumed run continues exactly).
+step s a pure function of s (a resumed run continues exactly). With `config.length_bucket` N > 0
+a batch's queries and documents are each cut to the smallest multiple of N holding the batch's
+longest (sentence-transformers pads to the longest too): padding changes no vector, and at most
+(max_query_length / N) * (max_seq_length / N) shapes are compiled.
 
 Evaluation: every `config.eval_every_steps` (and at the end), when `config.eval.beir_dir` is
 set, the BEIR evaluation (`retrieval_evaluator`: `bert_jax/tasks/datasets/beir.py`, exact
@@ -49,6 +52,7 @@ from bert_jax.runtime import job as jobs
 from bert_jax.runtime import step as step_core
 from bert_jax.runtime.inference import BatchedInference, host_slice
 from bert_jax.runtime.job import Batches, Job
+from bert_jax.runtime.length_buckets import bucket_length, row_lengths
 from bert_jax.runtime.loop import LoopSettings, Throughput
 from bert_jax.runtime.state import TrainState
 from bert_jax.tasks.datasets import beir
@@ -164,6 +168,8 @@ def check_config(config) -> None:
                 "data.max_query_length"):
     if not isinstance(value(field), int) or value(field) < 1:
       fail(field, "must be a positive integer")
+  if not isinstance(config.length_bucket, int) or config.length_bucket < 0:
+    fail("length_bucket", "must be an integer >= 0 (0: every batch padded to its maximum lengths)")
   if config.embedding.pooling not in pooling.POOLINGS:
     fail("embedding.pooling", f"expected one of {pooling.POOLINGS}")
   if not isinstance(config.embedding.normalize, bool):
@@ -394,10 +400,19 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
   init_args = ({"params": init_rng}, sample["query_ids"], sample["query_mask"])
   batch_size = config.global_batch_size
   order = finetuning.TrainOrder(inputs.rows, batch_size, config.seed)
+  # Each text kind's token arrays and their rows' real lengths: query [N], document [N] (the
+  # longest of a pair's 1 + K documents).
+  kinds = {kind: ((f"{kind}_ids", f"{kind}_mask"), row_lengths(inputs.arrays[f"{kind}_mask"]))
+           for kind in ("query", "document")}
 
   def next_batch(step: int) -> Dict[str, np.ndarray]:
     index = order.batch_index(step)
-    return host_slice({k: v[index] for k, v in inputs.arrays.items()}, batch_size)
+    batch = {k: v[index] for k, v in inputs.arrays.items()}
+    # The cut is decided on the global batch, so every host cuts its rows alike.
+    for names, lengths in kinds.values():
+      length = bucket_length(lengths[index], config.length_bucket, batch[names[0]].shape[-1])
+      batch.update(finetuning.cut_tokens(batch, length, names))
+    return host_slice(batch, batch_size)
 
   def example_batch(rows: int) -> Dict[str, np.ndarray]:
     return embedding_data.shape_arrays(rows, config.data.max_query_length,
