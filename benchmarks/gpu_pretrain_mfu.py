@@ -270,7 +270,7 @@ def torch_modern_step(args, batch, compiled: bool):
   model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
-  inputs = bench_util.modern_mlm_torch_inputs(batch, device=device)
+  inputs = bench_util.torch_mlm_inputs(batch, device=device)
   forward = torch.compile(model) if compiled else model
 
   def run(steps):
@@ -295,7 +295,7 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     # cannot share one); this benchmark never imports TensorFlow, so it may let Triton in.
     raise SystemExit("--peer=torch_compile needs Triton (torch.compile's GPU kernels): run "
                      "with BERT_JAX_ALLOW_TRITON=1")
-  batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred,
+  batch = bench_util.mlm_batch(args.batch, args.seq, args.max_pred,
                                       modern_bert_config(args).vocab_size)
   variants = args.variants.split(",")
   fns, implementation = {}, {}

@@ -56,12 +56,15 @@ def test_input_pipeline_throughput_reads_the_training_pipeline():
   assert result["input"] == "synthetic (64 records)" and result["sequences_per_sec"] > 0
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "modernbert"])
 def test_pretrain_step_throughput_steps_both_sides(family):
   pytest.importorskip("transformers", reason="the peer side")
   from benchmarks import pretrain_step_throughput as bench
-  bench.jax_step("tiny", batch=2, seq=32, family=family)()   # the registry's job, compiled
-  bench.torch_step("tiny", batch=2, seq=32, threads=1, family=family)()
+  config = bench.experiment(family, "tiny", batch=2, seq=32, local_attention=16)
+  step, flops = bench.jax_step(config)   # the registry's job, compiled
+  step()
+  bench.torch_step(family, config, threads=1)()
+  assert flops > 0 and config.max_predictions_per_seq == (9 if family == "modernbert" else 20)
 
 
 def test_feature_extraction_throughput_sides_agree():
@@ -70,27 +73,6 @@ def test_feature_extraction_throughput_sides_agree():
   result = bench.bench("tiny", batch=2, seq=16, rounds=1, steps=1, threads=1)
   assert result["max_abs_diff"] < 1e-4, result
   assert result["bert_jax_sequences_per_sec"] > 0 and result["transformers_sequences_per_sec"] > 0
-
-
-def test_demo_pair_reads_the_held_out_curve_a_run_writes(tmp_path):
-  """The curve is what a run's metric writer logged, by wall-clock seconds since the start."""
-  import time
-  from benchmarks import demo_pair
-  from bert_jax.runtime.metric_writers import MetricWriter
-  from experiments import pretrain_demo
-  for table in (demo_pair.SIDES, demo_pair.QUICK):   # both sides' experiments exist
-    for experiment in table.values():
-      pretrain_demo.get_config(experiment.partition(":")[2] or None)
-  started = time.time()
-  writer = MetricWriter(str(tmp_path))
-  writer.write(0, "train", {"loss": 9.0})
-  for step, accuracy in ((100, 0.1), (200, 0.25)):
-    writer.write(step, "eval", {"mlm_accuracy": accuracy, "mlm_loss": 5.0 - step / 100})
-  writer.close()
-  curve = demo_pair.curve(str(tmp_path), started)
-  assert [(p["step"], p["mlm_accuracy"], p["mlm_loss"]) for p in curve] == [
-      (100, 0.1, 4.0), (200, 0.25, 3.0)]
-  assert all(0 <= p["seconds"] < 600 for p in curve)
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def test_a_modern_pretraining_step_runs_without_tensorflow():
                                                predictions=19)
       job = pretraining.make_job(c)
       state = jax.jit(job.init_state)()
-      batch = bench_util.modern_mlm_batch(2, 64, 19, vocab=128)
+      batch = bench_util.mlm_batch(2, 64, 19, vocab=128)
       state, metrics = jax.jit(job.train_step)(state, batch, jax.random.PRNGKey(0))
       print("loss", float(metrics["loss"]))
       # Restore errors are still classified (TensorFlow's error classes only once imported).
