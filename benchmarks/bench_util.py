@@ -6,12 +6,11 @@ The CPUs these run on are often shared with other work, so the two sides of a co
 timed in alternating rounds (ours, theirs, ours, theirs, ...) and each side's best round counts:
 a burst of outside load then hurts both sides alike instead of whichever ran during it.
 """
-import contextlib
 import json
 import os
 import platform
 import time
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 
@@ -30,25 +29,6 @@ def interleaved_best(fns: Dict[str, Callable[[], None]], rounds: int, steps: int
         fn()
       best[name] = min(best[name], (time.perf_counter() - start) / steps)
   return best
-
-
-@contextlib.contextmanager
-def swapped(replacements: Iterable[Tuple[object, str, object]]):
-  """Sets each (module, attribute, value) for the duration, then restores the originals.
-
-  For probes that no config option expresses (gpu_pretrain_mfu.py's `xla_no_dropout`): the step
-  is compiled inside this, and the model looks the attribute up when traced, so the compiled step
-  keeps the replacement. The kernel ablations are a config option instead (`BertConfig.kernels`).
-  """
-  replacements = list(replacements)
-  saved = [(module, attr, getattr(module, attr)) for module, attr, _ in replacements]
-  try:
-    for module, attr, value in replacements:
-      setattr(module, attr, value)
-    yield
-  finally:
-    for module, attr, value in reversed(saved):
-      setattr(module, attr, value)
 
 
 def matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32") -> float:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Shared code, tested through the benchmarks that use it (ablations: gpu_pretrain_mfu's variants).
-HELPERS = ("__init__", "bench_util", "process_setup", "ablations")
+# Shared code, tested through the benchmarks that use it.
+HELPERS = ("__init__", "bench_util", "process_setup")
 
 
 def _run(*argv, timeout=600):
