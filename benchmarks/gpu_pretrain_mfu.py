@@ -15,9 +15,9 @@ configuration one JSON line: `mfu` (the FLOPs of every row position over the GPU
 bf16 peak, as NVIDIA's and MLPerf's BERT numbers), `useful_mfu` (real tokens only), the rate over
 an 8192^3 bf16 matmul of the same run, real tokens and pairs per second, the peer's steps/s and
 ratio. `--packing=on`: several short pairs a row (data_pipelines/packing.py), compared by pairs
-per second. `--family=modernbert`: the ModernBERT-family step (`experiments/pretrain_modernbert.py`'s
-recipe, full rows, 30% masked; local layers' FLOPs over their band) against
-`ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`; `torch_compile`: under torch.compile).
+per second. `--family=modernbert`: the ModernBERT-family step (the recipe of
+`experiments/pretrain_modernbert.py`, full rows, 30% masked; local layers' FLOPs over their band)
+against `ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`; `torch_compile`: compiled).
 `--variants` compiles the step once per config change of VARIANTS (each kernel of
 `bert_jax/model/kernels.py` in its textbook form, model options, dropout probes) in one process
 and times them in the same rounds: a change measured against main on a shared GPU.
