@@ -101,9 +101,11 @@ def test_relative_links_resolve(path):
 
 
 def retired_benchmarks() -> set:
-  """The benchmarks whose code left the tree: a history file gives the commit it lived at."""
+  """The benchmarks whose code left the tree: a history file gives the commit it lived at
+  (`git show COMMIT:benchmarks/NAME.py`, or a file of the package `benchmarks/NAME/`)."""
   return {name for path in DOCUMENTS if path.startswith("benchmarks/history/")
-          for name in re.findall(r"git show [0-9a-f]{7,40}:benchmarks/([a-z_]+)\.py", _read(path))}
+          for name in re.findall(r"git show [0-9a-f]{7,40}:benchmarks/([a-z_]+)(?:\.py|/)",
+                                 _read(path))}
 
 
 @pytest.mark.parametrize("path", DOCUMENTS)
@@ -123,4 +125,5 @@ def test_benchmark_commands_name_modules(path):
 def test_a_retired_benchmark_is_one_a_history_file_gives_the_commit_of():
   retired = retired_benchmarks()
   assert "modern_growth" in retired
-  assert not any(os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py")) for name in retired)
+  assert not any(os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py"))
+                 or os.path.exists(os.path.join(ROOT, "benchmarks", name)) for name in retired)
