@@ -56,10 +56,9 @@ Batch = Dict[str, np.ndarray]
 
 
 def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
-                kernels: str = "auto"):
+                lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto"):
   """The demo experiment (its corpus, vocabulary, predictions per sequence, optimizer), at
-  `size` and with the schedule over exactly `steps` steps, so the last step's rate is near 0."""
+  `size`, dropout off, the schedule over exactly `steps` steps (the last step's rate near 0)."""
   from bert_jax.model.config import BertConfig
   from experiments import pretrain_demo
   c = pretrain_demo.get_config()
@@ -71,7 +70,7 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
                  dtype="float32", kernels=kernels)
   c.max_seq_length, c.global_batch_size, c.seed = seq, batch, seed
   c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
-  set_dropout(c, dropout)
+  set_dropout(c, 0.0)
   return c
 
 
@@ -82,13 +81,12 @@ MODERN_SHAPES = {"tiny": (4, 64, 2, 96), "mini": (4, 128, 2, 192), "small": (4, 
 
 
 def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                  lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
-                  kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000,
-                  optimizer: str = "adamw"):
+                  lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto",
+                  local_attention: int = 32, vocab_size: int = 4000, optimizer: str = "adamw"):
   """experiments/pretrain_modernbert.py:quick's data as contiguous demo-corpus rows masked at 30%
   on the whole corpus, the model at MODERN_SHAPES[size] in float32 (rotary bases 160,000 and
-  10,000, so a layer that took the other kind's table would show), AdamW with bias correction,
-  and the schedule over exactly `steps` steps."""
+  10,000, so a layer that took the other kind's table would show), dropout off, AdamW with bias
+  correction, and the schedule over exactly `steps` steps."""
   from experiments import pretrain_modernbert
   if size not in MODERN_SHAPES:
     raise ValueError(f"--size={size!r} with --family=modernbert: expected one of "
@@ -129,7 +127,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   # One sequence a row, as transformers' model reads a row (documents kept apart need its
   # varlen attention, which is GPU-only): the comparison is of the model and the optimizer.
   c.data.instances = "contiguous"
-  set_dropout(c, dropout)
+  set_dropout(c, 0.0)
   return c
 
 
@@ -182,18 +180,12 @@ def initial_params(config):
   return jax.device_get(registry.job(config).init_state().params)
 
 
-def export(config, params, directory: str) -> str:
-  """`params` as a Hugging Face BertForPreTraining directory (config.json + safetensors)."""
+def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
+  """`params` as the family's Hugging Face pre-training class (config.json + safetensors in
+  `directory`), and the tensors written, by Hugging Face name (what is compared)."""
   from bert_jax.io import checkpoints
   from bert_jax.tasks.jobs import pretraining
   checkpoints.export_huggingface(pretraining.bert_config_from(config), params, directory)
-  return directory
-
-
-def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
-  """`export`, then the tensors it wrote by Hugging Face name (what is compared)."""
-  from bert_jax.io import checkpoints
-  export(config, params, directory)
   return checkpoints.load_safetensors(os.path.join(directory, "model.safetensors"))
 
 
