@@ -152,7 +152,7 @@ def jax_config(args, overrides=()):
 
 def modern_bert_config(args) -> BertConfig:
   """ModernBERT-base or -large, or another BERT size's ModernBERT-family counterpart
-  (`modern_counterpart`, as the time-to-quality study trained BERT-mini's); the vocabulary
+  (`modern_counterpart`, as benchmarks/time_to_quality trains BERT-mini's); the vocabulary
   and the local window as `--vocab_size` and `--local_attention` say."""
   vocab = {"vocab_size": args.vocab_size, "pad_token_id": 0} if args.vocab_size else {
       "vocab_size": MODERN_VOCAB}   # another vocabulary: a WordPiece one, [PAD] = 0
@@ -326,7 +326,7 @@ def main():
   parser.add_argument("--family", default="bert", choices=["bert", "modernbert"])
   parser.add_argument("--size", default="base",
                       help="bert: a BERT size; modernbert: base|large, or a BERT size (its "
-                           "ModernBERT-family counterpart, e.g. mini: the time-to-quality model)")
+                           "ModernBERT-family counterpart, e.g. mini: time_to_quality's model)")
   parser.add_argument("--vocab_size", type=int, default=0,
                       help="modernbert: the vocabulary (0: ModernBERT's 50,368)")
   parser.add_argument("--local_attention", type=int, default=0,

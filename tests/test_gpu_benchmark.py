@@ -81,7 +81,7 @@ def test_the_torch_compile_peer_asks_for_triton_before_compiling_anything(monkey
 
 
 def test_the_modern_family_takes_a_bert_sizes_counterpart_and_another_vocabulary():
-  # --size=mini: the model the time-to-quality study trained (its vocabulary's [PAD] is 0).
+  # --size=mini: the model benchmarks/time_to_quality trains (its vocabulary's [PAD] is 0).
   import argparse
   from benchmarks import gpu_pretrain_mfu
   from bert_jax.model.config import BertConfig

@@ -1,0 +1,280 @@
+"""benchmarks/time_to_quality end to end at toy scale: prepare, both sides, fine-tune, report.
+
+The real benchmark pre-trains BERT-mini (and a ModernBERT-family model of its size) for an hour
+per side on ../shared/data; here a few generated documents (written to tmp_path: the shared data
+is not on a user's machine), BERT-tiny's shape at seq 32, and one GLUE task of the fixtures with
+one seed check that every stage's outputs exist and fit together: each side leaves a held-out
+curve on both fixed sets and a checkpoint that bert_jax loads and fine-tunes, and the table and
+plot are written, naming the side not run. BERT's side runs a fixed few steps; the modern side
+runs on a budget of seconds with its calibration, and resumes exactly from a checkpoint on the
+batch ramp (all three the slow tier). The pieces with logic of their own (documents from the two
+text formats, the step count from a calibration, the modern plan through the ramp, the sides to
+fine-tune) are checked directly, in the fast tier.
+"""
+import argparse
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from benchmarks import time_to_quality as ttq
+from bert_jax.io import checkpoints
+from bert_jax.families.modernbert import config as modern_config
+from tests import finetuning_fixtures
+
+WORDS = finetuning_fixtures.WORDS[:-3]
+
+
+def _sentence(rng) -> str:
+  return " ".join(rng.choice(WORDS, size=int(rng.integers(4, 10)))) + " ."
+
+
+def _write_texts(root) -> str:
+  """Two files in the corpus's formats: one sentence per line (with a heading and a bracketed
+  note, as the Gutenberg books), and raw paragraphs with speaker lines (as tinyshakespeare)."""
+  rng = np.random.default_rng(0)
+  os.makedirs(root / "gutenberg")
+  lines = ["[ A Book by Someone 1900 ]"]
+  for chapter in range(1, 13):
+    lines.append(f"Chapter {chapter}")
+    lines += [_sentence(rng) for _ in range(12)]
+  (root / "gutenberg" / "book.txt").write_text("\n".join(lines) + "\n")
+  speeches = []
+  for i in range(60):
+    speeches.append(f"Speaker {'AB'[i % 2]}:\n" + "\n".join(
+        _sentence(rng).capitalize() for _ in range(2)))
+  (root / "play.txt").write_text("\n\n".join(speeches) + "\n")
+  return str(root)
+
+
+def test_documents_from_both_formats(tmp_path):
+  text_dir = _write_texts(tmp_path / "text")
+  docs = list(ttq.text_documents(text_dir, sentences_per_document=8))
+  book = [d for d in docs if not d[0][0].isupper()]
+  play = [d for d in docs if d[0][0].isupper()]
+  # 12 chapters of 12 sentences: each chapter heading ends a document (8 + 4 sentences).
+  assert sorted({len(d) for d in book}) == [4, 8] and len(book) == 24
+  assert not any(s.startswith("[") or s.startswith("Chapter") for d in docs for s in d)
+  assert not any(s.startswith("Speaker") for d in play for s in d)   # speaker lines dropped
+  assert sum(len(d) for d in play) == 120
+
+
+def test_calibration_sets_the_steps_that_fill_the_budget():
+  calibration = ttq.Calibration.from_windows([(10, 25.0), (10, 20.0), (10, 20.0)])
+  assert calibration.steps_per_sec == pytest.approx(0.5)
+  assert calibration.startup_seconds == pytest.approx(5.0)
+  assert calibration.steps_for(3600.0) == int((3600 - 5) * 0.5)
+
+
+def test_modern_plan_trains_the_budgets_tokens_through_the_ramp():
+  args = argparse.Namespace(budget_minutes=60.0, max_steps=0, batch=64, batch_warmup_start=16,
+                            batch_warmup_fraction=0.1, warmup_proportion=0.05,
+                            decay_fraction=0.2, log_every=20, eval_every_minutes=3.0,
+                            checkpoint_every_minutes=5.0)
+  calibration = ttq.Calibration(0.5, 30.0, ())
+  plan = ttq.make_plan(args, "bert_jax_modern", calibration, seq=128)
+  # 4 batch sizes on the ramp: the step compiles 3 more times, each charged the start-up.
+  full = int((3600 - 4 * 30) * 0.5)                   # steps of 64 rows that fill the budget
+  assert plan.sequences() >= full * 64 > plan.sequences(plan.num_train_steps - 1)
+  ramp = plan.ramp()
+  assert ramp.tokens == pytest.approx(0.1 * full * 64 * 128)
+  assert [ramp.rows(0), ramp.rows(plan.num_train_steps - 1)] == [16, 64]
+  assert plan.sequences(plan.warmup_steps) >= 0.05 * full * 64 > plan.sequences(
+      plan.warmup_steps - 1)
+  assert plan.decay_steps == round(0.2 * plan.num_train_steps)
+  # Evaluations and checkpoints about every 3 and 5 minutes, at training lines.
+  assert plan.eval_every_steps % 20 == 0 and plan.checkpoint_every_steps % 20 == 0
+  bert = ttq.make_plan(args, "bert_jax", calibration, seq=128)
+  assert bert.num_train_steps == int((3600 - 30) * 0.5) and bert.ramp() is None
+  assert bert.decay_steps == 0 and bert.warmup_steps == round(0.05 * bert.num_train_steps)
+  assert bert.eval_every_steps == 80 and bert.checkpoint_every_steps == 160   # 4.5, 7.5 lines
+  with pytest.raises(ValueError, match="batch_warmup_start"):
+    ttq.make_plan(argparse.Namespace(**dict(vars(args), batch_warmup_start=24)),
+                  "bert_jax_modern", calibration, seq=128)
+
+
+def test_modern_shape_matches_berts_mlp_weights():
+  assert modern_config.glu_width(1024) == 704 and modern_config.glu_width(512) == 320
+  assert ttq.modern_max_predictions(0.30, 128) == 40
+  assert ttq.modern_max_predictions(0.30, 32) == 16
+
+
+def test_last_within_picks_the_last_evaluation_inside_the_budget():
+  curve = [dict(seconds=s, pairs_mlm_loss=10.0 - s / 100) for s in (100.0, 3500.0, 3600.0,
+                                                                    3700.0)]
+  assert ttq.last_within(curve, 3600.0)["seconds"] == 3600.0
+  assert ttq.last_within(curve, 3599.0)["seconds"] == 3500.0
+  assert ttq.last_within(curve, 50.0) is None
+
+
+def test_finetune_takes_the_sides_that_finished_pretraining(tmp_path):
+  ttq.write_json(str(tmp_path / "bert_jax" / "summary.json"), {})
+  os.makedirs(tmp_path / "bert_jax_modern" / "workdir")      # started, not finished
+  args = ttq.parse_args(["--finetune", f"--out={tmp_path}"])
+  assert ttq.pretrained_sides(args) == ["bert_jax"]
+  args.ft_sides = "bert_jax_modern"
+  with pytest.raises(ValueError, match="--side=bert_jax_modern"):
+    ttq.pretrained_sides(args)
+  args.ft_sides = "hf_modern"   # the Trainer sides' code left the tree
+  with pytest.raises(ValueError, match="the sides: bert_jax, bert_jax_modern"):
+    ttq.pretrained_sides(args)
+
+
+def test_the_plot_goes_to_out_unless_named(tmp_path):
+  # A stage run on one side must not overwrite the committed plot of both.
+  args = ttq.parse_args(["--finetune", f"--out={tmp_path}"])
+  assert args.plot == str(tmp_path / "time_to_quality.png")
+  args = ttq.parse_args(["--report", f"--out={tmp_path}", "--plot=elsewhere.png"])
+  assert args.plot == "elsewhere.png"
+
+
+FLAGS = ["--size=tiny", "--seq=32", "--batch=8", "--max_predictions=5", "--log_every=2"]
+FINETUNE = ["--tasks=rte", "--seeds=1", "--ft_max_seq=32", "--ft_batch=4", "--ft_epochs=1",
+            "--ft_length_bucket=0"]
+MODERN = ["--batch_warmup_start=2", "--batch_warmup_fraction=0.25", "--local_attention=16",
+          "--modern_lr=2e-3"]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+  """OUT/data prepared once at toy scale, and a GLUE folder of the fixtures; each test copies
+  the data into an OUT of its own."""
+  # Python's documentation as the third source: its first documents only. The package's
+  # `documents(max_documents)` reads every standard-library docstring before counting (~7 s).
+  from data_pipelines import demo_corpus
+  root = tmp_path_factory.mktemp("ttq_data")
+  rng = np.random.default_rng(1)
+  out = str(root / "out")
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(demo_corpus, "documents", lambda max_documents=0: iter(
+        [[_sentence(rng) for _ in range(6)] for _ in range(max_documents or 5)]))
+    ttq.main(FLAGS + [f"--out={out}", "--prepare", f"--text_dir={_write_texts(root / 'text')}",
+                      "--demo_documents=3", "--sentences_per_document=8", "--holdout_every=5",
+                      "--vocab_size=300", "--dupe_factor=2", "--eval_sequences=64",
+                      "--data_workers=1"])
+  glue_dir = finetuning_fixtures.write_glue_dir(str(root / "glue"), dict(train=16, dev=8, test=2))
+  return dict(data=os.path.join(out, "data"), glue_dir=glue_dir)
+
+
+def _out_with_data(tiny_data, tmp_path) -> str:
+  out = str(tmp_path / "out")
+  shutil.copytree(tiny_data["data"], os.path.join(out, "data"))
+  return out
+
+
+def _curve(out: str, side: str):
+  return ttq.read_json(os.path.join(out, side, "curve.jsonl"))
+
+
+def _check_side(out: str, side: str, summary: dict) -> None:
+  """Both held-out sets scored all along (NSP on the pairs for BERT's model alone); the saved
+  checkpoint scores as the loop's last evaluation and loads as a pre-trained model."""
+  curve = _curve(out, side)
+  assert curve[-1]["step"] == summary["steps"] and curve[-1] == summary["final"], side
+  assert [r["seconds"] for r in curve] == sorted(r["seconds"] for r in curve) and all(
+      r["seconds"] > 0 for r in curve), side
+  for eval_set in ttq.EVAL_SETS:
+    assert all(np.isfinite(r[f"{eval_set}_mlm_loss"]) for r in curve), side
+  assert all(("pairs_nsp_accuracy" in r) == (side == "bert_jax") and "text_nsp_accuracy" not in r
+             for r in curve), side
+  for name, value in summary["checkpoint_check"].items():
+    assert value == pytest.approx(summary["final"][name], rel=1e-5, abs=1e-6), (side, name)
+  config, params = checkpoints.load_pretrained(os.path.join(out, side, "workdir"))
+  assert config.vocab_size == ttq.read_data_info(out)["vocab_size"] and "cls" in params, side
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny(tiny_data, tmp_path):
+  out = _out_with_data(tiny_data, tmp_path)
+  plot = str(tmp_path / "curve.png")
+  flags = FLAGS + [f"--out={out}", f"--plot={plot}"]
+  info = ttq.read_data_info(out)
+  assert info["instances"]["train"] > 8 and info["eval_batches"] == 1
+  assert info["documents"]["train"].get("python_docs", 0) + info["documents"]["eval"].get(
+      "python_docs", 0) == 3
+  # The contiguous-text part: the same documents as full rows, no NSP labels, the held-out rows
+  # masked at 15% as the pairs are.
+  part = info["contiguous"]
+  assert part["instances"]["train"] > 8 and part["eval_batches"] >= 1
+  assert part["mean_train_length"] > 0.8 * 32                 # full rows but each pass's last
+  sets = ttq.load_eval_sets(out)
+  assert "next_sentence_labels" not in sets["text"][0]
+  masked = sum(b["masked_lm_weights"].sum() for b in sets["text"])
+  assert masked / sum(b["input_mask"].sum() for b in sets["text"]) == pytest.approx(0.15, abs=0.04)
+
+  # A fixed few steps (1 step/s assumed): evaluations every 2 steps (a multiple of --log_every),
+  # checkpoints every 2.
+  done = ttq.main(flags + ["--side=bert_jax", "--max_steps=4", "--eval_every_minutes=0.0001",
+                           "--checkpoint_every_minutes=0.034"])
+  assert [r["step"] for r in _curve(out, "bert_jax")] == [2, 4]
+  _check_side(out, "bert_jax", done["bert_jax"])
+
+  result = ttq.main(flags + ["--finetune", f"--glue_dir={tiny_data['glue_dir']}"]
+                    + FINETUNE)["report"]
+  assert set(result["finetune"]) == set(result["average"]) == {"bert_jax"}
+  with open(os.path.join(out, "time_to_quality.md")) as f:
+    table = f.read()
+  assert "| RTE | accuracy |" in table and "**average**" in table
+  assert "| bert_jax_modern | modern | not run |" in table
+  assert "Not fine-tuned yet: bert_jax_modern." in table and "not yet measured" in table
+  with open(os.path.join(out, "time_to_quality.json")) as f:
+    assert json.load(f)["pretraining"]["bert_jax"]["steps"] == 4
+  assert os.path.getsize(plot) > 0
+
+
+@pytest.mark.slow
+def test_modern_side_on_a_budget_of_seconds(tiny_data, tmp_path):
+  """The modern side as the benchmark runs it (calibration, plan, training on the ramp,
+  evaluation on both sets, the final checkpoint), then fine-tuned, then the report."""
+  out = _out_with_data(tiny_data, tmp_path)
+  flags = FLAGS + MODERN + [f"--out={out}"]
+  done = ttq.main(flags + ["--side=bert_jax_modern", "--budget_minutes=0.4",
+                           "--calibration_steps=2", "--eval_every_minutes=0.05",
+                           "--checkpoint_every_minutes=0.1"])
+  summary = done["bert_jax_modern"]
+  plan = ttq.Plan.from_json(summary["plan"])
+  assert plan.calibration.steps_per_sec > 0 and len(plan.calibration.windows) == 3
+  assert plan.batch_warmup_start == 2 and plan.decay_steps >= 0
+  assert summary["sequences"] == plan.sequences() <= 8 * plan.num_train_steps
+  _check_side(out, "bert_jax_modern", summary)
+  config, _ = checkpoints.load_pretrained(os.path.join(out, "bert_jax_modern", "workdir"))
+  assert config.architecture == "modernbert" and config.local_attention == 16
+  # BERT-tiny's I: 512
+  assert config.intermediate_size == modern_config.glu_width(512) == 320
+  assert config.classifier_pooling == "mean"
+
+  result = ttq.main(flags + ["--finetune", f"--glue_dir={tiny_data['glue_dir']}"]
+                    + FINETUNE)["report"]
+  assert set(result["average"]) == {"bert_jax_modern"}
+  with open(os.path.join(out, "time_to_quality.md")) as f:
+    table = f.read()
+  assert "| bert_jax | bert | not run |" in table and "| RTE | accuracy |" in table
+  assert os.path.getsize(os.path.join(out, "time_to_quality.png")) > 0
+
+
+@pytest.mark.slow
+def test_modern_side_resumes_on_the_ramp(tiny_data, tmp_path):
+  """Killed after its checkpoint at step 4 (ModernBERT's ramp, the batch still rising: 2, 2, 4,
+  6 | 6, 8, 8, 8 rows) and run again, the modern side ends exactly as the uninterrupted run (the
+  same held-out curve)."""
+  out = _out_with_data(tiny_data, tmp_path)
+  side = "bert_jax_modern"
+  command = FLAGS + MODERN + [f"--out={out}", f"--side={side}", "--max_steps=8",
+                              "--eval_every_minutes=0.0001", "--checkpoint_every_minutes=0.067"]
+  ttq.main(command)   # 1 step/s assumed: checkpoints every 4 steps
+  plan = ttq.Plan.from_json(ttq.read_json(os.path.join(out, side, "plan.json")))
+  assert [plan.ramp().rows(s) for s in range(8)] == [2, 2, 4, 6, 6, 8, 8, 8]
+  whole = _curve(out, side)
+  os.remove(os.path.join(out, side, "summary.json"))
+  folder = os.path.join(out, side, "workdir", "checkpoints")
+  for name in os.listdir(folder):
+    if name.isdigit() and int(name) > 4:
+      shutil.rmtree(os.path.join(folder, name))
+  ttq.main(command)
+  resumed = _curve(out, side)
+  assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+  for before, after in zip(whole, resumed):
+    for name in ("pairs_mlm_loss", "text_mlm_loss", "text_mlm_accuracy"):
+      assert after[name] == pytest.approx(before[name], rel=1e-5, abs=1e-6), after
