@@ -459,10 +459,12 @@ def load_or_make_plan(args, info: dict, side: str) -> Plan:
 
 def scorer(model, objective: str):
   """(params, batches) -> bert_jax's evaluation metrics summed over `batches` (the job's
-  `eval_step`, jitted once). Batches without NSP labels (the text set) scored by a model with
-  the NSP head give the masked-LM metrics alone."""
+  `eval_step`, jitted once). Batches without NSP labels (the text set, documents as sequences)
+  scored by a model with the NSP head give the masked-LM metrics alone (NSP labels of zeros,
+  their terms left out)."""
   import jax
   from bert_jax.tasks.jobs import pretraining
+  from data_pipelines import packing
   step = jax.jit(functools.partial(pretraining.eval_step, model=model, objective=objective))
 
   def score(params, batches: Sequence[Batch]) -> Dict[str, float]:
@@ -470,8 +472,12 @@ def scorer(model, objective: str):
     totals = None
     for batch in batches:
       if objective == "mlm_nsp" and not nsp:
-        batch = dict(batch, next_sentence_labels=np.zeros((len(batch["input_ids"]), 1),
-                                                          np.int32))
+        rows = len(batch["input_ids"])
+        if packing.SEQUENCE_IDS in batch:   # documents as sequences: one NSP slot a row
+          batch = dict(batch, next_sentence_labels=np.zeros(rows, np.int32),
+                       nsp_weights=np.zeros(rows, np.float32))
+        else:
+          batch = dict(batch, next_sentence_labels=np.zeros((rows, 1), np.int32))
       terms = step(params, batch)
       totals = terms if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals,
                                                                     terms)

@@ -28,8 +28,8 @@ global with a 64-token window, GeGLU 192 wide: 0.56M encoder parameters against 
 into rows), no dropout, StableAdamW and warmup-stable-decay with a
 1-sqrt decay over the last fifth, the batch rising from 8 to 32 rows over the first 1.2M tokens;
 2,000 steps, which fit the BERT demo's wall-clock time. Both runs side by side, each final model
-scored on both held-out sets: benchmarks/history/2026-11-29-finished-studies.md, "The demo's
-modern twin, at equal wall-clock time".
+scored on both held-out sets (`python -m benchmarks.demo_pair --out=DIR`): benchmarks/RESULTS.md,
+"The demo's modern twin, at equal wall-clock time".
 """
 from experiments import pretrain_bert_base, pretrain_modernbert, pretraining_defaults
 

@@ -75,6 +75,27 @@ def test_feature_extraction_throughput_sides_agree():
   assert result["bert_jax_sequences_per_sec"] > 0 and result["transformers_sequences_per_sec"] > 0
 
 
+def test_demo_pair_reads_the_held_out_curve_a_run_writes(tmp_path):
+  """The curve is what a run's metric writer logged, by wall-clock seconds since the start."""
+  import time
+  from benchmarks import demo_pair
+  from bert_jax.runtime.metric_writers import MetricWriter
+  from experiments import pretrain_demo
+  for table in (demo_pair.SIDES, demo_pair.QUICK):   # both sides' experiments exist
+    for experiment in table.values():
+      pretrain_demo.get_config(experiment.partition(":")[2] or None)
+  started = time.time()
+  writer = MetricWriter(str(tmp_path))
+  writer.write(0, "train", {"loss": 9.0})
+  for step, accuracy in ((100, 0.1), (200, 0.25)):
+    writer.write(step, "eval", {"mlm_accuracy": accuracy, "mlm_loss": 5.0 - step / 100})
+  writer.close()
+  curve = demo_pair.curve(str(tmp_path), started)
+  assert [(p["step"], p["mlm_accuracy"], p["mlm_loss"]) for p in curve] == [
+      (100, 0.1, 4.0), (200, 0.25, 3.0)]
+  assert all(0 <= p["seconds"] < 600 for p in curve)
+
+
 @pytest.mark.slow
 def test_glue_side_by_side_runs_both_sides(tmp_path, monkeypatch):
   """Both sides fine-tune the same tiny checkpoint on the same generated SST-2 rows and report dev

@@ -101,6 +101,30 @@ def test_modern_shape_matches_berts_mlp_weights():
   assert ttq.modern_max_predictions(0.30, 32) == 16
 
 
+def test_a_model_with_the_nsp_head_scores_rows_without_nsp_labels():
+  """BERT's model on the text set, or on the demo twin's documents as sequences (demo_pair's
+  cross scores): the masked-LM metrics alone, the same as on the rows with their NSP labels."""
+  from benchmarks import bench_util
+  from bert_jax.tasks import registry
+  from experiments import pretrain_demo
+  config = pretrain_demo.get_config("quick")
+  job = registry.job(config)   # the shapes only: nothing is built
+  params = job.init_state().params
+  score = ttq.scorer(job.model, config.objective)
+  labelled = bench_util.mlm_batch(4, 64, 10, config.model.vocab_size, pairs=True)
+  plain = {k: v for k, v in labelled.items() if k != "next_sentence_labels"}
+  # One document a row: attention and positions as in the plain row.
+  packed = dict(plain, sequence_ids=np.ones((4, 64), np.int32),
+                position_ids=np.tile(np.arange(64, dtype=np.int32), (4, 1)))
+  expected = score(params, [labelled])
+  assert {"nsp_loss", "nsp_accuracy"} < set(expected) and expected["mlm_loss"] > 0
+  for batch in (plain, packed):
+    metrics = score(params, [batch])
+    assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy"}
+    assert metrics["mlm_loss"] == pytest.approx(expected["mlm_loss"], rel=1e-5)
+    assert metrics["mlm_accuracy"] == pytest.approx(expected["mlm_accuracy"])
+
+
 def test_last_within_picks_the_last_evaluation_inside_the_budget():
   curve = [dict(seconds=s, pairs_mlm_loss=10.0 - s / 100) for s in (100.0, 3500.0, 3600.0,
                                                                     3700.0)]
