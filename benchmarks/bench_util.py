@@ -6,12 +6,11 @@ The CPUs these run on are often shared with other work, so the two sides of a co
 timed in alternating rounds (ours, theirs, ours, theirs, ...) and each side's best round counts:
 a burst of outside load then hurts both sides alike instead of whichever ran during it.
 """
-import contextlib
 import json
 import os
 import platform
 import time
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 
@@ -30,25 +29,6 @@ def interleaved_best(fns: Dict[str, Callable[[], None]], rounds: int, steps: int
         fn()
       best[name] = min(best[name], (time.perf_counter() - start) / steps)
   return best
-
-
-@contextlib.contextmanager
-def swapped(replacements: Iterable[Tuple[object, str, object]]):
-  """Sets each (module, attribute, value) for the duration, then restores the originals.
-
-  For probes that no config option expresses (gpu_pretrain_mfu.py's `xla_no_dropout`): the step
-  is compiled inside this, and the model looks the attribute up when traced, so the compiled step
-  keeps the replacement. The kernel ablations are a config option instead (`BertConfig.kernels`).
-  """
-  replacements = list(replacements)
-  saved = [(module, attr, getattr(module, attr)) for module, attr, _ in replacements]
-  try:
-    for module, attr, value in replacements:
-      setattr(module, attr, value)
-    yield
-  finally:
-    for module, attr, value in reversed(saved):
-      setattr(module, attr, value)
 
 
 def matmul_flops_per_sec(n: int = 2048, steps: int = 10, dtype: str = "float32") -> float:
@@ -126,18 +106,22 @@ def torch_adamw(model, lr: float):
   return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
 
 
-def modern_mlm_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int = 0) -> dict:
-  """A ModernBERT-family pre-training batch (numpy): full rows of random ids, `predictions`
-  masked positions per row (never the first or last), no NSP pair (its label field is zeros)."""
+def mlm_batch(batch: int, seq: int, predictions: int, vocab: int, pairs: bool = False,
+              seed: int = 0) -> dict:
+  """A pre-training batch (numpy) of full rows of random ids, `predictions` masked positions per
+  row (never the first or last); `pairs`: two segments and random NSP labels, else one segment
+  and NSP labels of zeros."""
   rng = np.random.RandomState(seed)
   ids = rng.randint(10, vocab, size=(batch, seq)).astype(np.int32)              # [B, S]
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
                                 for _ in range(batch)]), axis=1).astype(np.int32)  # [B, P]
-  return {"input_ids": ids, "input_mask": np.ones_like(ids),
-          "segment_ids": np.zeros_like(ids), "masked_lm_positions": positions,
+  segments = np.repeat((np.arange(seq)[None] >= seq // 2) * pairs, batch, 0).astype(np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": segments,
+          "masked_lm_positions": positions,
           "masked_lm_ids": rng.randint(10, vocab, size=(batch, predictions)).astype(np.int32),
           "masked_lm_weights": np.ones((batch, predictions), np.float32),
-          "next_sentence_labels": np.zeros((batch, 1), np.int32)}
+          "next_sentence_labels": (rng.randint(0, 2, size=(batch, 1)) if pairs
+                                   else np.zeros((batch, 1))).astype(np.int32)}
 
 
 def modern_pretraining_config(bert_config, *, dtype: str, seq: int, batch: int, predictions: int):
@@ -167,12 +151,18 @@ def transformers_modernbert_mlm(bert_config, attn_implementation: str = "sdpa"):
   return transformers.ModernBertForMaskedLM(config).train()
 
 
-def modern_mlm_torch_inputs(data: dict, device: str = "cpu") -> dict:
-  """`modern_mlm_batch`'s numpy batch as `ModernBertForMaskedLM`'s keyword arguments (labels
-  -100 outside the masked positions)."""
+def torch_mlm_inputs(data: dict, device: str = "cpu", token_types: bool = False,
+                     nsp: bool = False) -> dict:
+  """`mlm_batch`'s numpy batch as a transformers masked-LM's keyword arguments (labels -100
+  outside the masked positions), with token types and NSP labels when asked."""
   import torch
   labels = np.full(data["input_ids"].shape, -100, np.int64)                     # [B, S]
   np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
   as_long = lambda x: torch.tensor(np.asarray(x), dtype=torch.long, device=device)
-  return {"input_ids": as_long(data["input_ids"]), "attention_mask": as_long(data["input_mask"]),
-          "labels": as_long(labels)}
+  inputs = {"input_ids": as_long(data["input_ids"]),
+            "attention_mask": as_long(data["input_mask"]), "labels": as_long(labels)}
+  if token_types:
+    inputs["token_type_ids"] = as_long(data["segment_ids"])
+  if nsp:
+    inputs["next_sentence_label"] = as_long(data["next_sentence_labels"][:, 0])
+  return inputs

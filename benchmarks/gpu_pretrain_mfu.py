@@ -5,40 +5,22 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
   python -m benchmarks.gpu_pretrain_mfu --peer=none --variants=current,bf16_attention_logits
   python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=base --seq=1024 --batch=32 \
       --variants=current,xla_attention --peer=torch,torch_compile   # BERT_JAX_ALLOW_TRITON=1
-  python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=mini --vocab_size=8000 \
-      --local_attention=64 --seq=128 --batch=64 --max_pred=40 --dtype=float32  # time_to_quality's
 
-bert_jax's pre-training step (AdamW, dropout on, bfloat16 compute with float32 master weights;
-the job `tasks.registry.job` gives, placed and compiled as a run does: `runtime.job.state_and_step`)
-is timed against Hugging Face `transformers` PyTorch `BertForPreTraining` (bfloat16 autocast, the
-same AdamW, its default SDPA attention) on the same batch, in alternating rounds (bench_util).
-
-Instance lengths follow `--lengths`:
-  original  what the original data algorithm gives on long documents: 90% of instances fill the
-            row, 10% get a random target length (short_seq_prob = 0.1, spec section 3)
-  full      every row full (the usual MFU set-up)
-  FILE.npy  lengths measured on a real corpus (`--save_lengths` writes them from TFRecords)
-
-Reported per configuration (one JSON line):
-  mfu          model FLOPs of the shapes the step computes (every row position, masked-only MLM
-               head) / the GPU's nominal dense bf16 peak: the convention of NVIDIA's and MLPerf's
-               BERT numbers
-  useful_mfu   the same with only real tokens counted (padding and cross-pair attention are waste)
-  vs_matmul    useful FLOP/s over an 8192^3 bf16 matmul measured in the same run
-  real_tokens_per_sec, pairs_per_sec, and the PyTorch peer's steps/s and ratio (unpacked only)
-`--family=modernbert` times the ModernBERT-family step instead (`modernbert-<size>`, the recipe of
-experiments/pretrain_modernbert.py: StableAdamW, no dropout, so cuDNN's fused attention with the
-band as a bias on local layers; full rows, 30% masked, no NSP) against transformers'
-`ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`, bf16 autocast, AdamW; `torch_compile`:
-the same under `torch.compile`). Its MFU counts each local layer over its band only
-(`model.flops.modern_training_flops`): the FLOPs the architecture needs, not what a dense kernel
-computes.
-`--variants` compiles the step several times in one process, each with one part back in its
-textbook form (`config.model.kernels`, benchmarks/ablations.py), one config change, or a probe
-that prices a part of the recipe (GPU_VARIANTS: `no_hidden_dropout`, `xla_no_dropout`), and times
-them in the same interleaved rounds: the way to measure a change against main on a shared GPU.
-With `--packing=on` several short pairs share a row (data_pipelines/packing.py); the throughput
-that matters is then real tokens (pairs) per second, which is what the packed row is compared by.
+bert_jax's pre-training step (`registry.job`, placed and compiled as a run does:
+`runtime.job.state_and_step`; bf16 compute, float32 master weights, dropout on) against
+`transformers`' `BertForPreTraining` (bf16 autocast, the same AdamW, SDPA) on the same batch, in
+alternating rounds. `--lengths`: `original` (the data algorithm's 10% short instances), `full`,
+or FILE.npy (lengths measured on a real corpus: `--save_lengths` writes them from records). Per
+configuration one JSON line: `mfu` (the FLOPs of every row position over the GPU's nominal dense
+bf16 peak, as NVIDIA's and MLPerf's BERT numbers), `useful_mfu` (real tokens only), the rate over
+an 8192^3 bf16 matmul of the same run, real tokens and pairs per second, the peer's steps/s and
+ratio. `--packing=on`: several short pairs a row (data_pipelines/packing.py), compared by pairs
+per second. `--family=modernbert`: the ModernBERT-family step (the recipe of
+`experiments/pretrain_modernbert.py`, full rows, 30% masked; local layers' FLOPs over their band)
+against `ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`; `torch_compile`: compiled).
+`--variants` compiles the step once per config change of VARIANTS (each kernel of
+`bert_jax/model/kernels.py` in its textbook form, model options, dropout probes) in one process
+and times them in the same rounds: a change measured against main on a shared GPU.
 """
 import argparse
 import functools
@@ -53,9 +35,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import ablations, bench_util  # noqa: E402
+from benchmarks import bench_util  # noqa: E402
 from bert_jax import parallel  # noqa: E402
-from bert_jax.model import flops, layers, local_attention  # noqa: E402
+from bert_jax.model import flops, kernels, layers  # noqa: E402
 from bert_jax.runtime import job as jobs  # noqa: E402
 from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
@@ -134,26 +116,22 @@ def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, s
                               attention_pairs=attention, predictions=predictions, pairs=pairs)
 
 
-# --variants: (swaps, config.model overrides). The kernel ablations (benchmarks/ablations.py:
-# current, tuned, each part in textbook form, textbook) and the other model options are config
-# changes (no swaps left: (module, attribute, replacement) triples for bench_util.swapped, kept
-# for probes that are not options). Each is compiled in the same process and timed in the same
-# interleaved rounds.
-GPU_VARIANTS = {**{name: ((), changes) for name, changes in ablations.kernel_variants().items()},
-                # the model option: attention logits in bfloat16, upcast for the softmax
-                "bf16_attention_logits": ((), {"float32_attention_logits": False}),
-                # cuDNN's fused attention (it has no dropout): what a fused kernel would give
-                "no_attention_dropout": ((), {"attention_probs_dropout_prob": 0.0}),
-                # probes (change the recipe): what dropout costs on the XLA attention path
-                "no_hidden_dropout": ((), {"hidden_dropout_prob": 0.0}),
-                "xla_no_dropout": ((), {"attention": "xla", "hidden_dropout_prob": 0.0,
-                                        "attention_probs_dropout_prob": 0.0}),
-                # the XLA attention path where the default would take cuDNN's kernel
-                "xla_attention": ((), {"attention": "xla"}),
-                # modern family under cuDNN: local layers always by the dense band, or always
-                # by XLA's blocks (the default switches at local_attention.CUDNN_BAND_MAX_TOKENS)
-                "cudnn_local_band": (((local_attention, "CUDNN_BAND_MAX_TOKENS", 10 ** 9),), {}),
-                "cudnn_local_blocks": (((local_attention, "CUDNN_BAND_MAX_TOKENS", 0),), {})}
+# --variants: config.model overrides, each compiled in the same process and timed in the same
+# rounds. The kernel ablations: `kernels="auto"` (current), every hand-tuned form, each part in
+# textbook form, every textbook form.
+VARIANTS = {"current": {}, "tuned": {"kernels": "tuned"},
+            **{part: {"kernels": part} for part in kernels.PARTS},
+            "textbook": {"kernels": "textbook"},
+            # the model option: attention logits in bfloat16, upcast for the softmax
+            "bf16_attention_logits": {"float32_attention_logits": False},
+            # cuDNN's fused attention (it has no dropout): what a fused kernel would give
+            "no_attention_dropout": {"attention_probs_dropout_prob": 0.0},
+            # probes (change the recipe): what dropout costs on the XLA attention path
+            "no_hidden_dropout": {"hidden_dropout_prob": 0.0},
+            "xla_no_dropout": {"attention": "xla", "hidden_dropout_prob": 0.0,
+                               "attention_probs_dropout_prob": 0.0},
+            # the XLA attention path where the default would take cuDNN's kernel
+            "xla_attention": {"attention": "xla"}}
 
 
 def jax_config(args, overrides=()):
@@ -199,8 +177,7 @@ def family_config(args, overrides=()):
 
 def jax_step(args, batch, variant="current"):
   """A callable running `steps` train steps of `variant` (compiled here), and its attention."""
-  swaps, overrides = GPU_VARIANTS[variant]
-  c = family_config(args, overrides)
+  c = family_config(args, VARIANTS[variant])
   job = registry.job(c)   # the very job a pre-training run trains
   par = parallel.create(c)
   start = time.perf_counter()
@@ -211,10 +188,9 @@ def jax_step(args, batch, variant="current"):
   device_batch = par.put_batch(batch)
   rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
-  with bench_util.swapped(swaps):
-    state, metrics = step(state, device_batch, rng)  # traced and compiled with the swaps
-    implementation = layers.attention_kind(pretraining.bert_config_from(c),
-                                             deterministic=False, seq_len=args.seq)
+  state, metrics = step(state, device_batch, rng)
+  implementation = layers.attention_kind(pretraining.bert_config_from(c), deterministic=False,
+                                         seq_len=args.seq)
   print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
         f"{float(metrics['loss']):.3f}", flush=True)
   holder = [state]
@@ -270,7 +246,7 @@ def torch_modern_step(args, batch, compiled: bool):
   model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
-  inputs = bench_util.modern_mlm_torch_inputs(batch, device=device)
+  inputs = bench_util.torch_mlm_inputs(batch, device=device)
   forward = torch.compile(model) if compiled else model
 
   def run(steps):
@@ -295,7 +271,7 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     # cannot share one); this benchmark never imports TensorFlow, so it may let Triton in.
     raise SystemExit("--peer=torch_compile needs Triton (torch.compile's GPU kernels): run "
                      "with BERT_JAX_ALLOW_TRITON=1")
-  batch = bench_util.modern_mlm_batch(args.batch, args.seq, args.max_pred,
+  batch = bench_util.mlm_batch(args.batch, args.seq, args.max_pred,
                                       modern_bert_config(args).vocab_size)
   variants = args.variants.split(",")
   fns, implementation = {}, {}
@@ -375,8 +351,8 @@ def main():
                       help="jax_default_prng_impl (initialisation and dropout); threefry's "
                            "BERT-base initialisation takes ~4 min to compile on an H100")
   parser.add_argument("--variants", default="current",
-                      help="comma list of GPU_VARIANTS (the first is the one the peer and "
-                           "--profile use): " + ",".join(GPU_VARIANTS))
+                      help="comma list of VARIANTS (the first is the one the peer and "
+                           "--profile use): " + ",".join(VARIANTS))
   parser.add_argument("--profile", default="", help="directory for a profiler trace of 3 steps")
   parser.add_argument("--matmul_n", type=int, default=8192, help="reference matmul size")
   parser.add_argument("--save_lengths", nargs=2, metavar=("RECORDS", "OUT_NPY"))
@@ -421,7 +397,7 @@ def main():
     useful = scale * model_flops(layers, hidden, lengths, 0, 0, 0) + model_flops(
         layers, hidden, [], args.batch * predictions_per_row, pairs, 0)
     for variant in variants:
-      seconds, c = sec[variant], jax_config(args, GPU_VARIANTS[variant][1])
+      seconds, c = sec[variant], jax_config(args, VARIANTS[variant])
       result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
                 "dtype": args.dtype, "lengths": args.lengths, "packing": packed,
                 "variant": variant, "attention": implementation[variant], "prng": args.prng,

@@ -1,93 +1,27 @@
-r"""Pre-training step for step: bert_jax vs `transformers`, same everything.
+r"""Pre-training step for step: bert_jax against `transformers` from the same weights and batches.
 
-  python -m benchmarks.pretrain_side_by_side --size=mini --steps=300 --batch=32 --seq=128 \
-    --dropout_seeds=3 --out=/tmp/pretrain_side_by_side
+  python -m benchmarks.pretrain_side_by_side --size=mini --steps=300 --batch=32 --seq=128 --out=DIR
   python -m benchmarks.pretrain_side_by_side --family=modernbert --size=mini --steps=300 \
-    --batch=32 --seq=128 --dropout_seeds=0 --out=/tmp/modern_side_by_side
-  python -m benchmarks.pretrain_side_by_side --family=modernbert --size=mini --steps=300 \
-    --batch=32 --seq=128 --optimizer=stable_adamw --dropout_seeds=0 --out=/tmp/modern_stable
+    --batch=32 --seq=128 [--optimizer=stable_adamw] --out=DIR
 
-Why: a loss curve that merely "looks like" the reference's can hide a wrong loss weighting,
-schedule, clipping or optimizer detail for a long time. Here both sides start from the same
-weights and see the same batches, so with dropout off every step must agree to float32
-rounding, and any difference in the recipe shows up within a few steps.
-
-`--family=bert` (the default): BERT against `BertForPreTraining`.
-  data       the first N training batches of bert_jax's own tf.data pipeline (dynamic masking)
-             on the demo corpus (Python's documentation, experiments/pretrain_demo.py; built
-             once into OUT/data), materialised as numpy and fed to both sides in the same order
-  weights    bert_jax's initialisation (`create_train_state`, the init key a run
-             uses), copied across with `checkpoints.export_huggingface` and loaded with
-             `BertForPreTraining.from_pretrained` (eager attention; the decoder is tied to the
-             word embeddings on both sides)
-  loss       MLM = sum(w * nll) / (sum(w) + 1e-5) over masked_lm_positions, NSP = mean CE,
-             total = MLM + NSP (bert_jax.tasks.jobs.pretraining); the PyTorch side writes it out
-             (transformers' own `labels=` loss takes [B, S] labels, computes the vocabulary
-             logits at every position and divides by the count without the 1e-5)
-  optimizer  the original BERT AdamWeightDecayOptimizer: clip by global norm 1.0 first, then
-             m, v without bias correction, update = m / (sqrt(v) + 1e-6) + 0.01 * param (not on
-             biases and LayerNorm), param -= lr * update; written out on the PyTorch side
-             because torch.optim.AdamW corrects the bias and clip_grad_norm_ adds 1e-6 to the
-             norm. The learning rate of step t (0-based) is bert_jax's schedule(t): linear
-             warm-up from 0, then the original linear decay.
-
-`--family=modernbert`: the modern encoder (bert_jax/families/modernbert/) against
-`ModernBertForMaskedLM`, run by transformers itself as far as it goes.
-  data       experiments/pretrain_modernbert.py's (`:quick`'s corpus, the whole of it):
-             contiguous rows of the demo corpus without NSP, masked while reading at 30%; a
-             learned WordPiece vocabulary of 4,000 ([PAD] = 0)
-  model      MODERN_SHAPES[--size]: 4 layers, global, local, local, global, the local ones in a
-             window of --local_attention tokens (32 of 128: a local layer sees a quarter of the
-             row); rotary bases 160,000 (global) and 10,000 (local), so a layer that took the
-             other kind's table would show
-  weights    as for BERT (`export_huggingface` writes ModernBertForMaskedLM's layout), loaded
-             with `ModernBertForMaskedLM.from_pretrained` (eager attention, sparse_prediction:
-             the head and decoder at the labelled positions only, as bert_jax's gather)
-  loss       transformers' own: `labels` [B, S] hold masked_lm_ids at the masked_lm_positions
-             of weight 1 and -100 elsewhere, and the model's loss is their mean. bert_jax divides
-             the same sum by sum(w) + 1e-5, so the PyTorch loss is multiplied by n / (n + 1e-5)
-             (n = the labelled positions), which makes the two the same function
-  optimizer  AdamW with bias correction and the recipe's betas (0.9, 0.98) and eps 1e-6, clipped
-             at global norm 1.0, the schedule bert's (linear warm-up, linear decay to 0): on the
-             PyTorch side torch.optim.AdamW itself, in two param groups by transformers' own rule
-             (`Trainer.get_decay_parameter_names`: no decay on biases and norms, bert_jax's
-             `decay_mask`), after the same clipping written out (clip_grad_norm_'s + 1e-6
-             aside), with each step's rate set to bert_jax's schedule(t). Weight decay 0.01,
-             not the recipe's 1e-5: at 1e-5 the decay moves a weight by ~1e-6 over 300 steps, less
-             than the comparison resolves, so a decay on the wrong tensors would pass unseen.
-  --optimizer=stable_adamw: the experiment's own optimizer and schedule instead: StableAdamW
-             (betas 0.9, 0.98, eps 1e-6), fully decoupled weight decay (1e-4 here: the
-             recipe's 1e-5 moves a weight by ~1e-6 over 300 steps, below what the comparison
-             resolves), no gradient clipping, warmup-stable-decay with a 1-sqrt decay over the
-             last 20% of the steps. The PyTorch side is `optimi.StableAdamW` (torch-optimi, the
-             optimizer ModernBERT's own training code uses; decouple_lr=True, max_lr = the peak
-             rate, no Kahan summation in float32), in the same two param groups, each step's
-             rate set to bert_jax's schedule(t). The summary counts the (tensor, step) pairs
-             whose update was clipped (RMS_t > 1, and > 1.05), so a run that never clips cannot
-             pass for a test of the clipping.
-  [PAD]      transformers' token embedding has padding_idx=pad_token_id (so has ModernBERT's
-             own training code): a lookup of [PAD] adds no gradient to its row, and bert_jax's
-             ModernBERT embedding does the same (BERT's, as the original BERT's, does not). It
-             matters only where [PAD] is an input at a real position, which only masking's
-             random replacement makes (a uniformly random id, [PAD] included; 16 times in the
-             300 batches of the command above: `pad_inputs`). Without it on one side, the [PAD]
-             row ends 3e-2 apart (half of what training moved it), decoder.bias 3e-3, the loss
-             2e-5 relative; tests/test_modern_side_by_side.py shows that fails the comparison.
-
-bert_jax runs its real pre-training step and optimizer (`registry.job(config)`, placed and
-compiled by `runtime.job.state_and_step`: the step, optimizer and initial state a run trains
-with). Per-step losses (total, MLM, NSP where
-there is one, and the gradient norm) are compared, and at the end every parameter (bert_jax's
-exported again with `export_huggingface`, by Hugging Face name).
-
-`--dropout_seeds=K` (0 skips it): dropout 0.1 on both sides, K dropout seeds per side on the same
-initial weights and batches; only the dropout streams differ (bert_jax: the dropout key
-a run derives from config.seed=s, PyTorch: `torch.manual_seed(s)`). The two
-sides' loss curves should then differ by no more than seeds differ from each other.
-Results go to OUT/pretrain_side_by_side.md (tables to paste into benchmarks/RESULTS.md), .json,
-and plots of the loss curves (PNG with matplotlib, else a plain SVG); the last line printed is a
-one-line JSON summary. CI-sized versions (tiny models, 8 steps) are
-tests/test_pretrain_side_by_side.py and tests/test_modern_side_by_side.py.
+With dropout off both sides start from the same weights (bert_jax's `init_state`, exported by
+`checkpoints.export_huggingface`) and train on the same batches (the first N of bert_jax's own
+pipeline), so every step must agree to float32 rounding: a wrong loss weighting, schedule,
+clipping or optimizer detail shows within a few steps. bert_jax runs its real step and optimizer
+(`registry.job`, placed and compiled by `runtime.job.state_and_step`); the PyTorch side applies
+bert_jax's learning rate of each step (`learning_rates`):
+  bert        `BertForPreTraining` (eager attention) on the demo experiment's data, with bert_jax's
+              loss written out (`torch_losses`) and BERT's original AdamWeightDecayOptimizer
+              (`OriginalAdamW`: torch.optim.AdamW corrects the bias, clip_grad_norm_ adds 1e-6)
+  modernbert  `ModernBertForMaskedLM` (eager, `sparse_prediction`) of MODERN_SHAPES[--size] on
+              `pretrain_modernbert.py:quick`'s contiguous rows masked at 30%, with transformers'
+              own loss scaled to bert_jax's (`modern_torch_losses`) and torch.optim.AdamW
+              (`TorchAdamW`), or with `--optimizer=stable_adamw` the experiment's StableAdamW and
+              warmup-stable-decay against optimi's `StableAdamW` (`TorchStableAdamW`)
+Per-step losses (and the gradient norm before clipping) are compared, then every parameter by
+Hugging Face name. OUT gets pretrain_side_by_side.md, .json and parity_loss.png; the last line
+printed is a JSON summary. CI-sized runs: tests/test_pretrain_side_by_side.py,
+tests/test_modern_side_by_side.py.
 """
 import argparse
 import dataclasses
@@ -110,7 +44,6 @@ from benchmarks import bench_util  # noqa: E402
 FAMILIES = ("bert", "modernbert")
 OPTIMIZERS = ("adamw", "stable_adamw")   # --family=modernbert's PyTorch sides
 LOSSES = ("loss", "mlm_loss", "nsp_loss")   # BERT's; `losses_of(config)` for either family
-CURVES = LOSSES + ("grad_norm",)     # compared step by step; grad_norm: before clipping
 # Tensors whose gradient is zero in exact arithmetic: a key bias adds q . b_k to every logit of a
 # query alike, which the softmax cancels. Both sides move them only by rounding noise (which Adam
 # scales up to ~lr * noise / eps per step), so relative differences of them mean nothing; they
@@ -123,10 +56,9 @@ Batch = Dict[str, np.ndarray]
 
 
 def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
-                kernels: str = "auto"):
+                lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto"):
   """The demo experiment (its corpus, vocabulary, predictions per sequence, optimizer), at
-  `size` and with the schedule over exactly `steps` steps, so the last step's rate is near 0."""
+  `size`, dropout off, the schedule over exactly `steps` steps (the last step's rate near 0)."""
   from bert_jax.model.config import BertConfig
   from experiments import pretrain_demo
   c = pretrain_demo.get_config()
@@ -138,7 +70,7 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
                  dtype="float32", kernels=kernels)
   c.max_seq_length, c.global_batch_size, c.seed = seq, batch, seed
   c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
-  set_dropout(c, dropout)
+  set_dropout(c, 0.0)
   return c
 
 
@@ -149,12 +81,12 @@ MODERN_SHAPES = {"tiny": (4, 64, 2, 96), "mini": (4, 128, 2, 192), "small": (4, 
 
 
 def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                  lr: float = 5e-4, warmup: int = 30, dropout: float = 0.0, seed: int = 0,
-                  kernels: str = "auto", local_attention: int = 32, vocab_size: int = 4000,
-                  optimizer: str = "adamw"):
+                  lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto",
+                  local_attention: int = 32, vocab_size: int = 4000, optimizer: str = "adamw"):
   """experiments/pretrain_modernbert.py:quick's data as contiguous demo-corpus rows masked at 30%
-  on the whole corpus, the model at MODERN_SHAPES[size] in float32, AdamW with bias correction,
-  and the schedule over exactly `steps` steps (module docstring: what else is set and why)."""
+  on the whole corpus, the model at MODERN_SHAPES[size] in float32 (rotary bases 160,000 and
+  10,000, so a layer that took the other kind's table would show), dropout off, AdamW with bias
+  correction, and the schedule over exactly `steps` steps."""
   from experiments import pretrain_modernbert
   if size not in MODERN_SHAPES:
     raise ValueError(f"--size={size!r} with --family=modernbert: expected one of "
@@ -175,15 +107,16 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   c.global_batch_size, c.seed = batch, seed
   c.batch_warmup.start_batch_size = 0   # every step `batch` rows, as the torch side's
   c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
-  # Set whole, not inherited: the experiment's own optimizer (StableAdamW, no clipping, decay
-  # scaled by the schedule's shape only) and warmup-stable-decay schedule have no counterpart in
-  # torch.optim, and a change of the experiment must not silently change this comparison.
+  # Set whole, not inherited: a change of the experiment must not silently change this comparison.
+  # Weight decay 0.01 (and 1e-4 for StableAdamW), not the recipe's 1e-5: that moves a weight by
+  # ~1e-6 over 300 steps, below what the comparison resolves, so a decay on the wrong tensors
+  # would pass unseen.
   c.optimizer.update(name="adamw", b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01,
                      clip_grad_norm=1.0, bias_correction=True,
                      fully_decoupled_weight_decay=False)
   c.schedule.update(name="bert", decay_steps=0, decay_fraction=0.0, decay_shape="linear",
                     final_fraction=0.0)
-  if optimizer == "stable_adamw":    # the experiment's optimizer and schedule (module docstring)
+  if optimizer == "stable_adamw":    # the experiment's optimizer and schedule, no clipping
     c.optimizer.update(name="stable_adamw", weight_decay=1e-4, clip_grad_norm=0.0,
                        fully_decoupled_weight_decay=True)
     c.schedule.update(name="wsd", decay_fraction=0.2, decay_shape="1-sqrt")
@@ -194,7 +127,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   # One sequence a row, as transformers' model reads a row (documents kept apart need its
   # varlen attention, which is GPU-only): the comparison is of the model and the optimizer.
   c.data.instances = "contiguous"
-  set_dropout(c, dropout)
+  set_dropout(c, 0.0)
   return c
 
 
@@ -247,24 +180,12 @@ def initial_params(config):
   return jax.device_get(registry.job(config).init_state().params)
 
 
-def jax_dropout_rng(seed: int):
-  """The dropout key a pre-training run uses with config.seed=seed."""
-  import jax
-  return jax.random.split(jax.random.PRNGKey(seed))[1]
-
-
-def export(config, params, directory: str) -> str:
-  """`params` as a Hugging Face BertForPreTraining directory (config.json + safetensors)."""
+def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
+  """`params` as the family's Hugging Face pre-training class (config.json + safetensors in
+  `directory`), and the tensors written, by Hugging Face name (what is compared)."""
   from bert_jax.io import checkpoints
   from bert_jax.tasks.jobs import pretraining
   checkpoints.export_huggingface(pretraining.bert_config_from(config), params, directory)
-  return directory
-
-
-def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
-  """`export`, then the tensors it wrote by Hugging Face name (what is compared)."""
-  from bert_jax.io import checkpoints
-  export(config, params, directory)
   return checkpoints.load_safetensors(os.path.join(directory, "model.safetensors"))
 
 
@@ -284,7 +205,7 @@ def learning_rates(config, steps: int) -> np.ndarray:
 @dataclasses.dataclass
 class Run:
   """One side's training run: per-step losses and learning rates, and the final parameters."""
-  losses: Dict[str, np.ndarray]      # CURVES name -> [steps]
+  losses: Dict[str, np.ndarray]      # `curves_of` name -> [steps]
   learning_rates: np.ndarray         # [steps]
   seconds: float                     # wall clock of the steps (compilation included for jax)
   final: object = None               # jax params tree, or the torch model
@@ -300,7 +221,7 @@ def _progress(side: str, step: int, loss: float, start: float, every: int = 50) 
 # ----------------------------------------------------------------------------------- bert_jax
 
 
-def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> Run:
+def run_jax(config, params, batches: Sequence[Batch]) -> Run:
   """bert_jax's real train step and optimizer (the pre-training job's, placed and compiled as a
   run does: `runtime.job.state_and_step`) over `batches`, from `params`."""
   import jax
@@ -314,7 +235,7 @@ def run_jax(config, params, batches: Sequence[Batch], dropout_seed: int = 0) -> 
   # The given weights where the fresh ones are (the optimizer's fresh state holds no weights).
   state = state.replace(params=jax.tree_util.tree_map(
       lambda value, fresh: jax.device_put(value, fresh.sharding), params, state.params))
-  rng = jax_dropout_rng(dropout_seed)
+  rng = jax.random.split(jax.random.PRNGKey(0))[1]   # a run's dropout key (dropout is off)
   curves = curves_of(config)
   history = {name: [] for name in curves + ("learning_rate", "skipped")}
   start = time.perf_counter()
@@ -419,8 +340,7 @@ class OriginalAdamW:
 
 def load_modern_torch_model(directory: str, train: bool):
   """`ModernBertForMaskedLM.from_pretrained` (offline, eager attention, sparse_prediction), in
-  train or eval mode (its token embedding's padding_idx as transformers sets it: module
-  docstring, [PAD])."""
+  train or eval mode (its token embedding's padding_idx as transformers sets it: `pad_inputs`)."""
   transformers = _quiet_transformers()
   model = transformers.ModernBertForMaskedLM.from_pretrained(
       directory, attn_implementation="eager", sparse_prediction=True)
@@ -462,7 +382,10 @@ def modern_torch_losses(model, batch: Batch):
 
 def pad_inputs(config, batches: Sequence[Batch]) -> int:
   """How many real (input_mask 1) positions of `batches` hold [PAD] (the model's pad_token_id;
-  BERT's config records none: its vocabularies put [PAD] at 0)."""
+  BERT's config records none: its vocabularies put [PAD] at 0). Only masking's random
+  replacement puts it there; transformers' ModernBERT embedding (padding_idx) and bert_jax's give
+  its row no lookup gradient, and a side without that fails the comparison
+  (tests/test_modern_side_by_side.py)."""
   from bert_jax.tasks.jobs import pretraining
   pad = getattr(pretraining.bert_config_from(config), "pad_token_id", 0)
   return int(sum(np.sum((b["input_ids"] == pad) & (b["input_mask"] == 1)) for b in batches))
@@ -587,18 +510,13 @@ TORCH_SIDES = {"bert": TorchSide(load_torch_model, torch_losses,
 
 
 def run_torch(config, directory: str, batches: Sequence[Batch], lrs: np.ndarray,
-              dropout_seed: Optional[int] = None, threads: int = 1) -> Run:
+              threads: int = 1) -> Run:
   """transformers' model of the family (BertForPreTraining, ModernBertForMaskedLM) from
-  `directory`, with bert_jax's loss and optimizer (`TORCH_SIDES`).
-
-  dropout_seed None: eval mode (no dropout). Otherwise train mode with torch.manual_seed(seed).
-  """
+  `directory` in eval mode (no dropout), with bert_jax's loss and optimizer (`TORCH_SIDES`)."""
   import torch
   torch.set_num_threads(threads)
-  if dropout_seed is not None:
-    torch.manual_seed(dropout_seed)
   side = TORCH_SIDES[family_of(config)]
-  model = side.load(directory, train=dropout_seed is not None)
+  model = side.load(directory, train=False)
   optimizer = side.optimizer(model, config)
   losses = losses_of(config)
   history = {name: [] for name in losses + ("grad_norm",)}
@@ -678,7 +596,7 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   ours = run_jax(config, params, batches)
   if not np.allclose(ours.learning_rates, lrs, rtol=1e-6, atol=0):
     raise AssertionError("bert_jax's step applied other rates than schedule(step)")
-  theirs = run_torch(config, init_dir, batches, lrs, dropout_seed=None, threads=threads)
+  theirs = run_torch(config, init_dir, batches, lrs, threads=threads)
   result = dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
                 losses=loss_diffs(ours, theirs),
                 params=param_diffs(exported(config, ours.final,
@@ -692,173 +610,45 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   return result
 
 
-def seed_stats(curves: Dict[str, List[np.ndarray]], windows: Sequence[int],
-               width: int) -> Dict[str, object]:
-  """Per side: loss averaged over the `width` steps ending at each window end, across seeds.
-
-  `within_2se`: |mean_jax - mean_torch| <= 2 * sqrt(sd_jax^2 / n_jax + sd_torch^2 / n_torch)
-  (sample standard deviations over seeds); `ranges_overlap`: the sides' [min, max] over seeds
-  intersect. `per_step_within_2se`: the fraction of single steps where the two sides' seed means
-  are within 2 standard errors (0.95 if the sides draw from one normal distribution and the
-  standard deviations were known; with 3 seeds per side they are estimated, and the criterion
-  covers less, ~0.88). `per_step_seed_std`: per side, a single step's standard deviation over
-  seeds, averaged over the steps: the size of the dropout noise itself (0 if a side ignored
-  dropout, larger with a larger rate).
-  """
-  stacked = {side: np.stack(runs) for side, runs in curves.items()}          # [seeds, steps]
-  rows = []
-  for end in windows:
-    start = max(0, end - width)
-    row = dict(steps=f"{start + 1}-{end}", start=start, end=end)
-    for side, runs in stacked.items():
-      values = runs[:, start:end].mean(axis=1)                               # [seeds]
-      row[side] = dict(bench_util.seed_spread(values), values=values.tolist())
-    a, b = row["bert_jax"], row["torch"]
-    se = np.sqrt(a["std"] ** 2 / len(a["values"]) + b["std"] ** 2 / len(b["values"]))
-    row.update(diff=a["mean"] - b["mean"], two_se=float(2 * se),
-               within_2se=bool(abs(a["mean"] - b["mean"]) <= 2 * se),
-               ranges_overlap=bool(a["min"] <= b["max"] and b["min"] <= a["max"]))
-    rows.append(row)
-  a, b = stacked["bert_jax"], stacked["torch"]
-  per_step_se = np.sqrt(a.var(axis=0, ddof=1) / len(a) + b.var(axis=0, ddof=1) / len(b))
-  within = np.abs(a.mean(axis=0) - b.mean(axis=0)) <= 2 * per_step_se
-  return dict(windows=rows, per_step_within_2se=float(within.mean()),
-              per_step_seed_std={side: float(runs.std(axis=0, ddof=1).mean())
-                                 for side, runs in stacked.items()})
-
-
-def dropout_study(config, batches: Sequence[Batch], workdir: str, seeds: int,
-                  threads: int = 1, width: int = 50) -> Dict[str, object]:
-  """Dropout 0.1 on both sides, `seeds` dropout seeds each; same initial weights and batches."""
-  config = config.copy_and_resolve_references()
-  set_dropout(config, 0.1)
-  params = initial_params(config)
-  directory = export(config, params, os.path.join(workdir, "hf_initial_dropout"))
-  lrs = learning_rates(config, len(batches))
-  curves = {"bert_jax": [], "torch": []}
-  seconds = {"bert_jax": [], "torch": []}
-  for seed in range(seeds):
-    for side in curves:
-      if side == "bert_jax":
-        run = run_jax(config, params, batches, dropout_seed=seed)
-      else:
-        run = run_torch(config, directory, batches, lrs, dropout_seed=seed, threads=threads)
-      curves[side].append(run.losses["loss"])
-      seconds[side].append(run.seconds)
-      print(f"  dropout seed {seed} {side}: last-{width} mean loss "
-            f"{run.losses['loss'][-width:].mean():.4f} ({run.seconds:.0f} s)", flush=True)
-  steps = len(batches)
-  ends = sorted({max(1, steps // 3), max(1, 2 * steps // 3), steps})
-  stats = seed_stats(curves, ends, min(width, steps))
-  return dict(seeds=seeds, window=min(width, steps), seconds=seconds, **stats,
-              curves={side: [c.tolist() for c in runs] for side, runs in curves.items()})
-
-
 # ----------------------------------------------------------------------------------- output
 
 
-def plot(series: Sequence[tuple], path: str, title: str,
-         reference: Optional[Sequence[float]] = None, reference_label: str = "",
-         ylabel: str = "loss (MLM + NSP)") -> str:
-  """Loss curves [(label, color, values)] to PNG with matplotlib, else to a dependency-free SVG.
-
-  With `reference` (one value per step) a second panel shows each curve minus it: the curves
-  themselves differ far less than the loss moves from batch to batch, so they look identical.
-  """
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return _svg_plot(series, os.path.splitext(path)[0] + ".svg", title)
-  panels = 1 if reference is None else 2
-  fig, axes = plt.subplots(panels, 1, figsize=(8, 3.5 * panels), sharex=True, squeeze=False)
-  for label, color, values in series:
-    steps = np.arange(1, len(values) + 1)
-    axes[0, 0].plot(steps, values, color=color, label=label, linewidth=0.8)
-    if reference is not None:
-      axes[1, 0].plot(steps, np.asarray(values) - np.asarray(reference), color=color,
-                      linewidth=0.6)
-  axes[0, 0].set(ylabel=ylabel, title=title)
-  if reference is not None:
-    axes[1, 0].set(ylabel=f"minus {reference_label}")
-  axes[-1, 0].set(xlabel="step")
-  handles, labels = axes[0, 0].get_legend_handles_labels()
-  unique = dict(zip(labels, handles))
-  axes[0, 0].legend(unique.values(), unique.keys())
+def plot(result, path: str, ylabel: str) -> str:
+  """Both sides' per-step loss and, below, bert_jax's minus transformers' (the two differ far
+  less than the loss moves from batch to batch, so the curves look identical)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  curves = result["parity"]["curves"]
+  ours, theirs = (np.asarray(curves[side]["loss"]) for side in ("bert_jax", "torch"))
+  steps = np.arange(1, len(ours) + 1)
+  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+  top.plot(steps, ours, color="tab:blue", label="bert_jax", linewidth=0.8)
+  top.plot(steps, theirs, color="tab:orange", label="transformers", linewidth=0.8)
+  top.set(ylabel=ylabel, title="Dropout off: per-step loss")
+  top.legend()
+  bottom.plot(steps, ours - theirs, color="tab:blue", linewidth=0.6)
+  bottom.set(ylabel="minus transformers", xlabel="step")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return path
 
 
-def _svg_plot(series: Sequence[tuple], path: str, title: str) -> str:
-  width, height, pad = 800, 450, 50
-  values = np.concatenate([np.asarray(v) for _, _, v in series])
-  low, high = float(values.min()), float(values.max())
-  steps = max(len(v) for _, _, v in series)
-  x = lambda i: pad + (width - 2 * pad) * i / max(steps - 1, 1)
-  y = lambda v: height - pad - (height - 2 * pad) * (v - low) / max(high - low, 1e-12)
-  parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{width / 2}" y="25" text-anchor="middle">{title}</text>',
-           f'<text x="{pad}" y="{height - 15}">step 1</text>',
-           f'<text x="{width - pad}" y="{height - 15}" text-anchor="end">step {steps}</text>',
-           f'<text x="5" y="{pad}">{high:.2f}</text>',
-           f'<text x="5" y="{height - pad}">{low:.2f}</text>']
-  labels = {}
-  for label, color, values in series:
-    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
-    parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1" points="{points}"/>')
-    labels.setdefault(label, color)
-  for i, (label, color) in enumerate(labels.items()):
-    parts.append(f'<text x="{width - pad}" y="{pad + 18 * i}" text-anchor="end" '
-                 f'fill="{color}">{label}</text>')
-  with open(path, "w") as f:
-    f.write("\n".join(parts + ["</svg>"]) + "\n")
-  return path
-
-
-def model_line(args, config) -> str:
-  m = config.model
-  if family_of(config) == "bert":
-    return (f"BERT-{args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
-            f"A={m.num_attention_heads}, vocab {m.vocab_size})")
-  global_layers = [i for i in range(m.num_hidden_layers) if i % m.global_attn_every_n_layers == 0]
-  return (f"ModernBERT {args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
-          f"A={m.num_attention_heads}, GLU {m.intermediate_size}, layers "
-          f"{', '.join(map(str, global_layers))} global, the others in a "
-          f"{m.local_attention}-token window, rotary bases {m.global_rope_theta:g} / "
-          f"{m.local_rope_theta:g}, vocab {m.vocab_size}; {optimizer_line(config)})")
-
-
-def optimizer_line(config) -> str:
-  o = config.optimizer
-  if o.name == "stable_adamw":
-    return (f"StableAdamW, betas {o.b1:g}/{o.b2:g}, eps {o.eps:g}, fully decoupled weight decay "
-            f"{o.weight_decay:g} off biases and norms, no clipping")
-  return (f"AdamW with bias correction, betas {o.b1:g}/{o.b2:g}, eps {o.eps:g}, weight decay "
-          f"{o.weight_decay:g} off biases and norms")
-
-
-def schedule_line(args, config) -> str:
-  if config.schedule.name == "wsd":
-    return (f"warm-up {args.warmup}, constant, {config.schedule.decay_shape} decay to 0 over the "
-            f"last {optim_decay_steps(config)} of {args.steps} steps")
-  return f"warm-up {args.warmup}, linear decay to 0 at step {args.steps}"
-
-
-def optim_decay_steps(config) -> int:
-  from bert_jax.runtime import optim
-  return optim.decay_steps_of(config.schedule, config.num_train_steps)
+def setup_line(args, config) -> str:
+  """The model, optimizer and schedule in one line (the whole config: the .json)."""
+  m, o = config.model, config.optimizer
+  return (f"{family_of(config)} {args.size} (L={m.num_hidden_layers}, H={m.hidden_size}, "
+          f"A={m.num_attention_heads}, vocab {m.vocab_size}), {o.name} (betas {o.b1:g}/{o.b2:g}, "
+          f"eps {o.eps:g}, weight decay {o.weight_decay:g}, clipping {o.clip_grad_norm:g}), "
+          f"{config.schedule.name} schedule: warm-up {args.warmup} of {args.steps} steps")
 
 
 def markdown(args, config, result) -> str:
   p = result["parity"]
-  lines = [f"{model_line(args, config)}, batch "
-           f"{args.batch} x seq {args.seq}, {config.max_predictions_per_seq} predictions, "
-           f"lr {args.lr:g} ({schedule_line(args, config)}), "
-           f"float32, kernels={config.model.kernels}. {result['machine']}.", "",
+  lines = [f"{setup_line(args, config)}, batch {args.batch} x seq {args.seq}, "
+           f"{config.max_predictions_per_seq} predictions, lr {args.lr:g}, float32, "
+           f"kernels={config.model.kernels}. {result['machine']}.", "",
            f"Dropout off, {p['steps']} steps (wall clock: bert_jax {p['seconds']['bert_jax']:.0f} "
            f"s, PyTorch {p['seconds']['torch']:.0f} s):", "",
            "| per step | max abs diff | max rel diff (step) | diff at last step |",
@@ -884,26 +674,6 @@ def markdown(args, config, result) -> str:
                  f"(RMS_t > 1.05).")
   lines.append(f"Asserted: per-step loss rel <= {args.loss_rtol:g}, parameters abs <= "
                f"{args.param_atol:g}: **{'pass' if result['pass'] else 'FAIL'}**.")
-  d = result.get("dropout")
-  if d:
-    off = np.asarray(p["curves"]["bert_jax"]["loss"])
-    lines += ["", f"Dropout 0.1, {d['seeds']} dropout seeds per side (same initial weights and "
-              f"batches), loss averaged over a window of {d['window']} steps, mean +- std over "
-              "seeds (dropout off: the run above):", "",
-              "| steps | bert_jax | PyTorch | diff | 2 SE | within 2 SE | seed ranges overlap "
-              "| dropout off |", "|---|---|---|---|---|---|---|---|"]
-    for row in d["windows"]:
-      a, b = row["bert_jax"], row["torch"]
-      lines.append(f"| {row['steps']} | {a['mean']:.4f} +- {a['std']:.4f} | {b['mean']:.4f} +- "
-                   f"{b['std']:.4f} | {row['diff']:+.4f} | {row['two_se']:.4f} | "
-                   f"{'yes' if row['within_2se'] else 'no'} | "
-                   f"{'yes' if row['ranges_overlap'] else 'no'} | "
-                   f"{off[row['start']:row['end']].mean():.4f} |")
-    std = d["per_step_seed_std"]
-    lines += ["", f"Single steps where the two sides' seed means are within 2 SE: "
-              f"{100 * d['per_step_within_2se']:.1f}%. A single step's loss varies from seed to "
-              f"seed by {std['bert_jax']:.4f} (bert_jax) and {std['torch']:.4f} (PyTorch), "
-              "standard deviation averaged over the steps."]
   return "\n".join(lines)
 
 
@@ -926,20 +696,15 @@ def main():
   parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                       help="modernbert: torch.optim.AdamW (clipped, bert schedule) or the "
                            "experiment's StableAdamW and warmup-stable-decay (optimi's)")
-  parser.add_argument("--dropout_seeds", type=int, default=3, help="0: parity run only")
-  parser.add_argument("--window", type=int, default=50, help="steps averaged (dropout study)")
   parser.add_argument("--loss_rtol", type=float, default=1e-4)
   parser.add_argument("--param_atol", type=float, default=1e-4)
   # One: on the shared 2-core machine, two spinning OpenMP threads made BERT-mini steps 2-3x
   # slower than one (14-16 vs 5-7 s per step at a load average of 10).
   parser.add_argument("--threads", type=int, default=1, help="PyTorch threads")
-  # Not shared between families: the data in OUT/data differ (sentence pairs, contiguous rows).
-  parser.add_argument("--out", default=None, help="default /tmp/pretrain_side_by_side (bert), "
-                                                  "/tmp/modern_side_by_side (modernbert)")
+  parser.add_argument("--out", required=True,
+                      help="results, the exported weights and OUT/data (one family's: its rows "
+                           "differ from the other's)")
   args = parser.parse_args()
-  if args.out is None:
-    args.out = ("/tmp/pretrain_side_by_side" if args.family == "bert"
-                else "/tmp/modern_side_by_side")
   os.makedirs(args.out, exist_ok=True)
   if args.family == "bert":
     config = demo_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
@@ -957,12 +722,9 @@ def main():
   p = result["parity"]
   result["pass"] = bool(max(p["losses"][n]["max_rel"] for n in losses_of(config)) <=
                         args.loss_rtol and p["params"]["max_abs"] <= args.param_atol)
-  write_results(args, config, result)        # the parity results survive a failed dropout study
-  if args.dropout_seeds:
-    result["dropout"] = dropout_study(config, batches, args.out, args.dropout_seeds,
-                                      args.threads, args.window)
-  print(write_results(args, config, result))
-  print("plots: " + ", ".join(write_plots(result, args.out, loss_label(config))))
+  bench_util.write_report(args.out, "pretrain_side_by_side", result,
+                          markdown(args, config, result))
+  print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"), loss_label(config)))
   print(json.dumps(summary(config, result)))
   if not result["pass"]:
     sys.exit(1)
@@ -986,35 +748,6 @@ def summary(config, result) -> Dict[str, object]:
 
 def loss_label(config) -> str:
   return "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"
-
-
-def write_plots(result, out: str, ylabel: str = "loss (MLM + NSP)") -> List[str]:
-  """OUT/parity_loss and, after a dropout study, OUT/dropout_loss (.png, or .svg)."""
-  curves = result["parity"]["curves"]
-  paths = [plot([("bert_jax", "tab:blue", curves["bert_jax"]["loss"]),
-                 ("transformers", "tab:orange", curves["torch"]["loss"])],
-                os.path.join(out, "parity_loss.png"), "Dropout off: per-step loss",
-                reference=curves["torch"]["loss"], reference_label="transformers",
-                ylabel=ylabel)]
-  if "dropout" in result:
-    runs = result["dropout"]["curves"]
-    paths.append(plot([("bert_jax", "tab:blue", c) for c in runs["bert_jax"]] +
-                      [("transformers", "tab:orange", c) for c in runs["torch"]],
-                      os.path.join(out, "dropout_loss.png"),
-                      f"Dropout 0.1: per-step loss, {len(runs['torch'])} seeds per side",
-                      reference=np.mean(runs["bert_jax"] + runs["torch"], axis=0),
-                      reference_label="mean of all runs", ylabel=ylabel))
-  return paths
-
-
-def write_results(args, config, result) -> str:
-  """OUT/pretrain_side_by_side.md and .json; returns the markdown."""
-  table = markdown(args, config, result)
-  with open(os.path.join(args.out, "pretrain_side_by_side.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(args.out, "pretrain_side_by_side.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  return table
 
 
 if __name__ == "__main__":

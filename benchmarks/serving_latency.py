@@ -21,13 +21,10 @@ import json
 import os
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+from benchmarks import process_setup
 
-# As bert_jax.main does, before JAX, TensorFlow or PyTorch start threads: every path then reuses
-# freed host memory (bert_jax/runtime/host_memory.py).
-from bert_jax.runtime import host_memory  # noqa: E402
-host_memory.keep_freed_memory()
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")   # TensorFlow's too: every path on the CPU
+process_setup.prepare(main=__name__ == "__main__")
 
 import numpy as np  # noqa: E402
 

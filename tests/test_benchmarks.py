@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Shared code, tested through the benchmarks that use it (ablations: gpu_pretrain_mfu's variants).
-HELPERS = ("__init__", "bench_util", "process_setup", "ablations")
+# Shared code, tested through the benchmarks that use it.
+HELPERS = ("__init__", "bench_util", "process_setup")
 
 
 def _run(*argv, timeout=600):
@@ -56,12 +56,15 @@ def test_input_pipeline_throughput_reads_the_training_pipeline():
   assert result["input"] == "synthetic (64 records)" and result["sequences_per_sec"] > 0
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "modernbert"])
 def test_pretrain_step_throughput_steps_both_sides(family):
   pytest.importorskip("transformers", reason="the peer side")
   from benchmarks import pretrain_step_throughput as bench
-  bench.jax_step("tiny", batch=2, seq=32, family=family)()   # the registry's job, compiled
-  bench.torch_step("tiny", batch=2, seq=32, threads=1, family=family)()
+  config = bench.experiment(family, "tiny", batch=2, seq=32, local_attention=16)
+  step, flops = bench.jax_step(config)   # the registry's job, compiled
+  step()
+  bench.torch_step(family, config, threads=1)()
+  assert flops > 0 and config.max_predictions_per_seq == (9 if family == "modernbert" else 20)
 
 
 def test_feature_extraction_throughput_sides_agree():

@@ -101,9 +101,12 @@ def test_relative_links_resolve(path):
 
 
 def retired_benchmarks() -> set:
-  """The benchmarks whose code left the tree: a history file gives the commit it lived at."""
-  return {name for path in DOCUMENTS if path.startswith("benchmarks/history/")
-          for name in re.findall(r"git show [0-9a-f]{7,40}:benchmarks/([a-z_]+)\.py", _read(path))}
+  """The benchmark files whose code left the tree: a history file gives the commit it lived at
+  (`git show COMMIT:benchmarks/NAME.py`, or a file of the package `benchmarks/NAME/`: a part of
+  a benchmark may leave while the rest stays)."""
+  return {file for path in DOCUMENTS if path.startswith("benchmarks/history/")
+          for file in re.findall(r"git show [0-9a-f]{7,40}:(benchmarks/[a-z_]+(?:/[a-z_]+)?\.py)",
+                                 _read(path))}
 
 
 @pytest.mark.parametrize("path", DOCUMENTS)
@@ -115,12 +118,13 @@ def test_benchmark_commands_name_modules(path):
   for name in re.findall(r"python -m benchmarks\.([a-z_]+)", text):
     module = os.path.join(ROOT, "benchmarks", name)
     assert (os.path.exists(module + ".py") or os.path.exists(os.path.join(module, "__main__.py"))
-            or name in retired), (
+            or any(p == f"benchmarks/{name}.py" or p.startswith(f"benchmarks/{name}/")
+                   for p in retired)), (
         f"{path}: python -m benchmarks.{name}: no such module (a study whose code left the tree: "
         "give `git show COMMIT:benchmarks/NAME.py` in its history file)")
 
 
 def test_a_retired_benchmark_is_one_a_history_file_gives_the_commit_of():
   retired = retired_benchmarks()
-  assert "modern_growth" in retired
-  assert not any(os.path.exists(os.path.join(ROOT, "benchmarks", name + ".py")) for name in retired)
+  assert {"benchmarks/modern_growth.py", "benchmarks/time_to_quality/hf_side.py"} <= retired
+  assert not any(os.path.exists(os.path.join(ROOT, path)) for path in retired)

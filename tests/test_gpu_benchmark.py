@@ -35,7 +35,7 @@ def test_a_modern_pretraining_step_runs_without_tensorflow():
                                                predictions=19)
       job = pretraining.make_job(c)
       state = jax.jit(job.init_state)()
-      batch = bench_util.modern_mlm_batch(2, 64, 19, vocab=128)
+      batch = bench_util.mlm_batch(2, 64, 19, vocab=128)
       state, metrics = jax.jit(job.train_step)(state, batch, jax.random.PRNGKey(0))
       print("loss", float(metrics["loss"]))
       # Restore errors are still classified (TensorFlow's error classes only once imported).
@@ -57,12 +57,12 @@ def test_the_benchmark_times_the_modern_step_against_transformers_on_a_cpu():
       sys.argv = ["gpu_pretrain_mfu", "--family=modernbert", "--size=mini", "--seq=128",
                   "--vocab_size=8000", "--local_attention=64", "--dtype=float32",
                   "--batch=1", "--steps=1", "--rounds=1", "--matmul_n=128", "--peer=torch",
-                  "--variants=current,cudnn_local_blocks"]
+                  "--variants=current,xla_attention"]
       runpy.run_module("benchmarks.gpu_pretrain_mfu", run_name="__main__")
       """))
   assert run.returncode == 0, run.stderr[-3000:]
   results = [json.loads(line) for line in run.stdout.split("\n") if line.startswith("{")]
-  assert [r["side"] for r in results] == ["current", "cudnn_local_blocks", "torch"]
+  assert [r["side"] for r in results] == ["current", "xla_attention", "torch"]
   for r in results:
     assert r["family"] == "modernbert" and r["masked_per_row"] == 38 and r["steps_per_sec"] > 0
     assert r["size"] == "mini" and r["dtype"] == "float32"

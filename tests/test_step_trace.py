@@ -2,10 +2,9 @@
 loss and the optimizer update in at most 8 files, for every family, and WORKSPACE.md's table
 ("One pre-training step, traced") lists exactly the files the run passes through.
 
-The measure is `benchmarks.config_walk`'s step trace: a real one-step run of each family's quick
-experiment with a profile hook (the files of the functions on the call stack where the job is
-made, where the step's forward enters the model, where it computes the loss and where it applies
-the update)."""
+The measure is `tests/step_trace.py`: a real one-step run of each family's quick experiment with a
+profile hook (the files of the functions on the call stack where the job is made, where the
+step's forward enters the model, where it computes the loss and where it applies the update)."""
 import json
 import os
 import re
@@ -21,14 +20,14 @@ EXPERIMENTS = {"bert": "experiments/pretrain_demo.py:quick",
 
 
 def _trace(experiment: str, tmp_path) -> dict:
-  out = tmp_path / "walk.json"
-  env = dict(os.environ, TMPDIR=str(tmp_path))   # the walk's workdir
+  out = tmp_path / "trace.json"
+  env = dict(os.environ, TMPDIR=str(tmp_path))   # the run's workdir
   result = subprocess.run(
-      [sys.executable, "-m", "benchmarks.config_walk", f"--experiment={experiment}",
+      [sys.executable, "-m", "tests.step_trace", f"--experiment={experiment}",
        "--demo_documents=50", f"--json={out}"],
       capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(out.read_text())["walk"]["step_trace"]
+  return json.loads(out.read_text())
 
 
 def workspace_files(family: str):

@@ -39,9 +39,9 @@ CUDNN_BAND_MAX_TOKENS = 2048
 
 # XLA: the local layers go by blocks from this many blocks per row on. Below it the full [S, S]
 # band computes under 2.7x the blocks' logits, in fewer and larger products and without the
-# blocks' copies and masks: on a 2-core Xeon the CPU step (benchmarks/modern_step_throughput.py's
-# model) ran 1.10x faster banded at 4 blocks (512 tokens), 1.05x slower at 8 (1,024) and 1.22x
-# slower at 16 (benchmarks/history/2026-11-25-modern-cpu-step.md).
+# blocks' copies and masks: on a 2-core Xeon the CPU step (`benchmarks/pretrain_step_throughput.py
+# --family=modernbert`) ran 1.10x faster banded at 4 blocks (512 tokens), 1.05x slower at 8
+# (1,024) and 1.22x slower at 16 (benchmarks/history/2026-11-25-modern-cpu-step.md).
 BLOCKS_FROM = 8
 
 
