@@ -16,11 +16,13 @@ Data (`--prepare`, OUT/data): every `*.txt` under `--text_dir` (../shared/data/t
 books one sentence per line, tinyshakespeare as raw text) and Python's documentation, about 1.5M
 words, cut into documents of at most `--sentences_per_document` sentences (and at chapter
 headings), shuffled, every `--holdout_every`-th held out; an 8,000-entry WordPiece vocabulary
-learned on the rest; unmasked records of both forms: BERT's NSP pairs and contiguous text (each
-document followed by [SEP], the stream cut into rows). Both sides are scored on two fixed sets
-built once from the held-out documents, masked once at 15% by bert_jax's evaluation pipeline:
-`pairs` (BERT's form) and `text` (the modern recipe's), each every ~`--eval_every_minutes` of
-training time, by the job's own `eval_step` (GLUE is the comparison of record).
+learned on the rest; unmasked records of three forms: BERT's NSP pairs, contiguous text (each
+document followed by [SEP], the stream cut into rows) and documents as sequences (each document
+its own [CLS] ... [SEP] sequence, packed into rows: what the modern side trains on unless
+`--modern_instances=contiguous`, the form of its 2026-11-26 run). Both sides are scored on two
+fixed sets built once from the held-out documents, masked once at 15% by bert_jax's evaluation
+pipeline: `pairs` (BERT's form) and `text` (contiguous text), each every ~`--eval_every_minutes`
+of training time, by the job's own `eval_step` (GLUE is the comparison of record).
 
 The sides, each trained as `registry.run_job` runs a user's job (its evaluation on the fixed
 sets): `bert_jax`, BERT-mini with BERT's recipe (MLM 15% + NSP, batch 64 x 128, AdamW, peak lr
@@ -253,6 +255,10 @@ def prepare(args) -> dict:
       mean_train_length=rows["train_tokens"] / rows["train"], dupe_factor=args.dupe_factor,
       special=dict(pad=tokenizer.pad_id, cls=tokenizer.cls_id, sep=tokenizer.sep_id,
                    mask=tokenizer.mask_id))
+  # The modern recipe's rows as ModernBERT packs them: each document a sequence of its own.
+  rows = write_records(args, tokenizer, "_documents", instances="documents")
+  info["documents_rows"] = dict(instances={s: rows[s] for s in ("train", "eval")},
+                                mean_train_length=rows["train_tokens"] / rows["train"])
   info["seconds"] = time.time() - start
   write_json(done, info)
   print(json.dumps(info, indent=1), flush=True)
@@ -308,8 +314,14 @@ def modern_config(args, info: dict):
   c.schedule.update(name="wsd", decay_steps=0, decay_fraction=0.0, decay_shape="1-sqrt",
                     final_fraction=0.0)
   c.data.prepare_demo_corpus = False
-  c.data.input_files = data_path(args.out, "train_contiguous.tfrecord")
-  c.data.eval_input_files = data_path(args.out, "eval_contiguous.tfrecord")
+  # The held-out sets are fixed batches (`load_eval_sets`); the evaluation files only shape.
+  c.data.instances = args.modern_instances
+  c.data.input_files = data_path(args.out, f"train_{args.modern_instances}.tfrecord")
+  c.data.eval_input_files = data_path(args.out, f"eval_{args.modern_instances}.tfrecord")
+  if not os.path.exists(c.data.input_files):
+    raise FileNotFoundError(f"{c.data.input_files}: not in OUT/data (prepared before documents "
+                            "as sequences existed): --prepare into a fresh --out, or "
+                            "--modern_instances=contiguous")
   c.eval_steps = 0
   return common_settings(c, args)
 
@@ -832,7 +844,8 @@ FLAGS = dict(
     # --side: both recipes, BERT's (lr), the modern one (the rest)
     size="mini", seq=128, batch=64, warmup_proportion=0.05, seed=0, budget_minutes=60.0,
     max_steps=0, calibration_steps=10, eval_every_minutes=3.0, checkpoint_every_minutes=5.0,
-    log_every=20, lr=5e-4, modern_lr=1e-3, modern_masking=0.30, local_attention=64,
+    log_every=20, lr=5e-4, modern_lr=1e-3, modern_masking=0.30, modern_instances="documents",
+    local_attention=64,
     batch_warmup_start=16, batch_warmup_fraction=0.1, decay_fraction=0.2,
     # --finetune
     glue_dir=DEFAULT_GLUE_DIR, ft_sides="", tasks="sst2,mrpc,stsb,rte,cola", seeds=3, ft_lr=1e-4,
@@ -847,6 +860,9 @@ HELP = dict(
     max_steps=">0: this many steps, no calibration (tests)",
     calibration_steps="steps per window (x3)",
     local_attention="the local layers' window (tokens, transformers' semantics)",
+    modern_instances="the modern side's training rows: documents (each a sequence of its own, "
+                     "as ModernBERT packs them) or contiguous (documents crossing; the "
+                     "2026-11-26 run)",
     batch_warmup_start="the batch ramp's first batch (rows; 0: no ramp), up to --batch",
     batch_warmup_fraction="the ramp's share of the side's planned tokens",
     decay_fraction="the 1-sqrt decay's share of the steps (at the end)",
@@ -869,6 +885,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   for name, default in FLAGS.items():
     p.add_argument(f"--{name}", type=type(default), default=default, help=HELP.get(name))
   args = p.parse_args(argv)
+  if args.modern_instances not in ("documents", "contiguous"):
+    p.error(f"--modern_instances={args.modern_instances}: expected documents or contiguous")
   if not (args.prepare or args.side or args.finetune or args.report):
     p.error("give at least one of --prepare, --side, --finetune, --report")
   args.plot = args.plot or os.path.join(args.out, "time_to_quality.png")

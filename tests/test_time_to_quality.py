@@ -223,6 +223,16 @@ def test_end_to_end_tiny(tiny_data, tmp_path):
   part = info["contiguous"]
   assert part["instances"]["train"] > 8 and part["eval_batches"] >= 1
   assert part["mean_train_length"] > 0.8 * 32                 # full rows but each pass's last
+  # The modern side trains on documents as sequences unless told contiguous.
+  from data_pipelines import input_pipeline
+  assert info["documents_rows"]["instances"]["train"] > 8
+  for instances in ("documents", "contiguous"):
+    given = [f"--modern_instances={instances}"] if instances == "contiguous" else []
+    config = ttq.modern_config(ttq.parse_args(flags + ["--side=bert_jax_modern"] + given), info)
+    assert config.data.instances == instances
+    assert input_pipeline.instance_form(config.data.input_files) == instances
+  with pytest.raises(SystemExit):
+    ttq.parse_args(flags + ["--side=bert_jax_modern", "--modern_instances=pairs"])
   sets = ttq.load_eval_sets(out)
   assert "next_sentence_labels" not in sets["text"][0]
   masked = sum(b["masked_lm_weights"].sum() for b in sets["text"])
