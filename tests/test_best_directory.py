@@ -3,6 +3,7 @@ swaps it in with two renames (the old one to `best.old/`, removed last). Every s
 stop in (a crash between the renames; on Cloud Storage, where a rename is a copy and a delete, a
 directory caught half-copied) still has a complete best model that every reader finds, and the
 next save, or the end of the run, puts it back at best/."""
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.io import checkpoints, file_digests
+from bert_jax.io import checkpoints, file_digests, filesystem
 from bert_jax.tasks.framework import best_model
 from bert_jax.tasks.tools import fine_tuned
 from bert_jax.text import tokenization
@@ -148,3 +149,43 @@ def test_a_damaged_best_is_still_named_by_check_best(model, tmp_path):
   assert fine_tuned.best_directory(str(tmp_path)) == best
   with pytest.raises(file_digests.DamagedFileError, match="head.safetensors has 10 bytes"):
     best_model.check_best(best)
+
+
+def _replace(path, value):
+  os.remove(path)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f)
+
+
+# best.json as the workdir fuzzer leaves it (benchmarks/workdir_fuzz.py): before, a resumed run
+# or the end of a run failed with a JSONDecodeError, a KeyError or a TypeError naming nothing,
+# read a file outside through a link, or read /dev/zero until killed.
+BEST_JSON_DAMAGES = {
+    "cut short": lambda path, outside: open(path, "r+b").truncate(os.path.getsize(path) // 2),
+    "emptied": lambda path, outside: open(path, "wb").close(),
+    "not UTF-8": lambda path, outside: open(path, "wb").write(b"\xff\xfe{" * 20),
+    "a list": lambda path, outside: _replace(path, [1, 2]),
+    "a string step": lambda path, outside: _replace(path, {"step": "4", "value": 0.5}),
+    "a string value": lambda path, outside: _replace(path, {"step": 4, "value": "0.5"}),
+    "no value": lambda path, outside: _replace(path, {"step": 4, "metric": "f1"}),
+    "every name climbing out": lambda path, outside: _replace(path, {"../../x": "../../x"}),
+    "digests of another type": lambda path, outside: _replace(
+        path, {"step": 4, "value": 0.5, "file_digests": ["vocab.txt"]}),
+    "a link outside": lambda path, outside: (os.remove(path), os.symlink(outside, path)),
+    "a link to /dev/zero": lambda path, outside: (os.remove(path), os.symlink("/dev/zero", path)),
+    "a directory": lambda path, outside: (os.remove(path), os.mkdir(path)),
+}
+
+
+@pytest.mark.parametrize("damage", list(BEST_JSON_DAMAGES))
+def test_a_damaged_best_json_is_an_error_naming_it_nothing_read_outside(model, tmp_path, damage):
+  best = str(tmp_path / "best")
+  save(model, best, 1)
+  outside = tmp_path / "outside.json"
+  outside.write_text(json.dumps({"step": 9, "value": 9.0}))
+  path = os.path.join(best, best_model.BEST_INFO)
+  BEST_JSON_DAMAGES[damage](path, str(outside))
+  for read in (best_model.read_best_info, fine_tuned.load):   # a resumed run; predict, export
+    with pytest.raises((file_digests.DamagedFileError, filesystem.UnsafeNameError),
+                       match=re.escape(path)):
+      read(str(tmp_path))

@@ -235,7 +235,7 @@ def test_export_round_trips_through_sentence_transformers(st_models, tmp_path, f
   filesystem.copy(vocab, os.path.join(fine_tuned, os.path.basename(vocab)))
   settings = EmbeddingSettings("cls", True, 40)
   st_format.write_embedding_json(fine_tuned, settings)
-  _write(fine_tuned, "best.json", {"step": 3})
+  _write(fine_tuned, "best.json", {"step": 3, "metric": None, "value": None, "metrics": {}})
   assert embedding.model_folder(str(tmp_path / "workdir")) == fine_tuned
   description = serving.export(str(tmp_path / "workdir"), "sentence_transformers",
                                str(tmp_path / "st"))

@@ -50,12 +50,48 @@ def _best_siblings(directory: str) -> Tuple[str, str, str]:
   return directory, directory + ".partial", directory + ".old"
 
 
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_info(directory: str) -> Dict:
+  """best.json of the best/ directory `directory`: the step, metric and value of the best model
+  and its files' digests, as `save_best` wrote them. The file itself is confined to `directory`
+  (`filesystem.confined`: a link out of it, to a device or a directory in its place is refused
+  before anything is read), and a best.json that is not such a record (cut short, emptied,
+  edited) is a `file_digests.DamagedFileError` naming it, never an error that names nothing."""
+  path = filesystem.confined(directory, BEST_INFO, held_by=directory)
+
+  def damaged(why: str):
+    return file_digests.DamagedFileError(
+        f"{path}: {why}: the file was damaged or edited after the run wrote it (it records the "
+        f"best model's step and metric value, which the run compares later evaluations "
+        f"with); restore it, or the whole {directory}, from a copy of the run, or fine-tune "
+        "again in a new directory")
+
+  try:
+    info = json.loads(filesystem.read_text(path))
+  except ValueError as error:   # not UTF-8, not JSON
+    raise damaged(f"not JSON ({str(error).splitlines()[0][:200]})") from error
+  if not isinstance(info, dict):
+    raise damaged(f"not a JSON object but {type(info).__name__}")
+  if not isinstance(info.get("step"), int) or isinstance(info.get("step"), bool):
+    raise damaged(f"its step is {info.get('step')!r}, not a whole number")
+  if "value" not in info or not (info["value"] is None or _number(info["value"])):
+    raise damaged(f"its value is {info.get('value', 'missing')!r}, not a number or null")
+  if not isinstance(info.get("metric"), (str, type(None))):
+    raise damaged(f"its metric is {info['metric']!r}, not a name or null")
+  if not isinstance(info.get("file_digests", {}), dict):
+    raise damaged("its file_digests are not a JSON object")
+  return info
+
+
 def _recorded_digests(directory: str) -> Dict[str, Dict[str, object]]:
   """best.json's {file name: digest}. best.json and every name it records are confined to best/
   (`filesystem.confined`): a name that leads out of it (a best.json edited or from elsewhere)
   is refused before any file is opened."""
-  info = filesystem.confined(directory, BEST_INFO, held_by=directory)
-  recorded = json.loads(filesystem.read_text(info)).get("file_digests") or {}
+  info = filesystem.join(directory, BEST_INFO)
+  recorded = read_info(directory).get("file_digests") or {}
   for name in recorded:
     filesystem.confined(directory, name, held_by=info)
   return recorded
@@ -196,7 +232,8 @@ def load_best(directory: str, bert_config: BertConfig) -> Dict:
 
 
 def read_best_info(workdir: str) -> Optional[Dict]:
+  """best.json (`read_info`) of WORKDIR's best model, None if it has none."""
   directory = best_location(filesystem.join(workdir, BEST_DIR))
   if directory is None:
     return None
-  return json.loads(filesystem.read_text(filesystem.join(directory, BEST_INFO)))
+  return read_info(directory)
