@@ -12,9 +12,10 @@ normalised; all-MiniLM-L6-v2 by default), the same pairs in the same order (bert
 `TrainOrder` is the trainer's batch sampler), MultipleNegativesRankingLoss at scale 20, AdamW as
 bert_jax's `config.optimizer` with transformers' linear schedule (the job's `linear`: the same rate
 at every step), each side its own dropout masks. sentence-transformers pads each column to its
-longest text, bert_jax every batch to `--max_query_length` / `--max_seq_length`. Both are scored
-by the embedding job's own evaluator (`retrieval_evaluator` on its `TextEncoder`: nDCG@10,
-MRR@10, Recall@100): bert_jax's job during training, the trainer's checkpoints afterwards
+longest text, bert_jax's job each to the smallest multiple of `--length_bucket` holding its
+longest (the job's `config.length_bucket`; 0: `--max_query_length` / `--max_seq_length`). Both
+are scored by the embedding job's own evaluator (`retrieval_evaluator` on its `TextEncoder`:
+nDCG@10, MRR@10, Recall@100): bert_jax's job during training, the trainer's checkpoints afterwards
 (`SharedEvaluation`); the starting checkpoint both ways (`before.max_abs_diff`: how far the two
 paths differ). Speed: steps per second of training alone, steps 2..N (the job's own throughput
 lines with `log_every_steps=1`; a TrainerCallback from step begin to end, the collator's batch
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
   add("--eval_every", type=int, default=20, help="steps between evaluations (and the last)")
   add("--max_seq_length", type=int, default=128, help="paragraph tokens")
   add("--max_query_length", type=int, default=64, help="question tokens")
+  add("--length_bucket", type=int, default=32, help="bert_jax's batches: each column cut to a "
+      "multiple of this holding its longest (the embedding experiment's default; 0: no cut)")
   add("--modernbert", action=argparse.BooleanOptionalAction, default=True,
       help="the random ModernBERT row too")
   add("--modernbert_shape", default="6,384,6,576",
@@ -239,6 +242,7 @@ def bert_jax_config(s: Settings, model: Model, data: Dict, seed: int, before: bo
   c = experiment.get_config()
   c.init_checkpoint, c.data.train_file, c.seed = model.folder, data["train_file"], seed
   c.max_seq_length, c.data.max_query_length = s.max_seq_length, s.max_query_length
+  c.length_bucket = s.length_bucket
   c.global_batch_size, c.learning_rate = s.batch, model.lr
   # The job trains int(pairs * epochs / batch) steps: exactly s.steps with the half step.
   c.num_train_epochs = (s.steps + 0.5) * s.batch / data["train_pairs"]
@@ -577,7 +581,8 @@ def markdown(result: Dict) -> str:
   s = result["settings"]
   lines = [f"{s['steps']} steps of {s['batch']} pairs ({result['data']['train_pairs']} drawn), "
            f"questions / paragraphs cut at {s['max_query_length']} / {s['max_seq_length']} "
-           f"tokens; test: {result['data']['test_queries']} questions against "
+           f"tokens (bert_jax's batches in buckets of {s.get('length_bucket', 0)}); "
+           f"test: {result['data']['test_queries']} questions against "
            f"{result['data']['test_documents']} paragraphs. {result['machine']}.", "",
            "| model | side | seeds | nDCG@10 before | nDCG@10 after | MRR@10 after | "
            "Recall@100 after | steps/s | bert_jax / s-t |", "|---|---|---|---|---|---|---|---|---|"]
