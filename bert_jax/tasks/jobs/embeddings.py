@@ -400,18 +400,18 @@ def make_job(config, inputs: Inputs, evaluate: Optional[Evaluate] = None) -> Job
   init_args = ({"params": init_rng}, sample["query_ids"], sample["query_mask"])
   batch_size = config.global_batch_size
   order = finetuning.TrainOrder(inputs.rows, batch_size, config.seed)
-  # Each text kind's token arrays and their rows' real lengths: query [N], document [N] (the
+  # Per text kind, its token arrays and its rows' real lengths: query [N], document [N] (the
   # longest of a pair's 1 + K documents).
-  kinds = {kind: ((f"{kind}_ids", f"{kind}_mask"), row_lengths(inputs.arrays[f"{kind}_mask"]))
-           for kind in ("query", "document")}
+  kinds = [((f"{kind}_ids", f"{kind}_mask"), row_lengths(inputs.arrays[f"{kind}_mask"]))
+           for kind in ("query", "document")]
 
   def next_batch(step: int) -> Dict[str, np.ndarray]:
     index = order.batch_index(step)
     batch = {k: v[index] for k, v in inputs.arrays.items()}
     # The cut is decided on the global batch, so every host cuts its rows alike.
-    for names, lengths in kinds.values():
+    for names, lengths in kinds:
       length = bucket_length(lengths[index], config.length_bucket, batch[names[0]].shape[-1])
-      batch.update(finetuning.cut_tokens(batch, length, names))
+      batch = finetuning.cut_tokens(batch, length, names)
     return host_slice(batch, batch_size)
 
   def example_batch(rows: int) -> Dict[str, np.ndarray]:
