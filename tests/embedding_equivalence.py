@@ -1,14 +1,11 @@
 """Run in a subprocess with 8 simulated CPU devices: the embedding job's loss and gradients on
 one device with the whole batch vs the jit mesh and pmap over 8 devices (each with 2 of the 16
-pairs, the negatives gathered from all of them), plain and by gradient caching (on the mesh, its
-chunk loops per device, and for the whole mesh as with fsdp); and one real train step of the job
-on each.
+pairs, the negatives gathered from all of them), plain and by gradient caching; and one real
+train step of the job on each.
 
 Prints one JSON line {"runs": {name: {"loss": relative difference, "gradients": largest
-difference relative to the largest gradient}}, "all_gather_shapes": [...],
-"chunk_loops_per_device": {name: whether the traced step holds a shard_map}}.
+difference relative to the largest gradient}}, "all_gather_shapes": [...]}.
 """
-import contextlib
 import json
 import os
 import re
@@ -33,15 +30,13 @@ PAIRS = 16
 RNG = jax.random.PRNGKey(3)
 
 
-def _loss_and_gradients(objective, chunk: int, axis_name=None, split: bool = False):
-  """split: traced as a step whose parameters are split along `data` (config.fsdp) is."""
+def _loss_and_gradients(objective, chunk: int, axis_name=None):
   def run(params, batch):
     totals = objective.totals(batch)
     if axis_name:
       totals = jax.lax.psum(totals, axis_name)
-    with sharding.parameters_split() if split else contextlib.nullcontext():
-      grads, terms = step_core.gradients(params, batch, RNG, objective, totals,
-                                         grad_cache_rows=chunk)
+    grads, terms = step_core.gradients(params, batch, RNG, objective, totals,
+                                       grad_cache_rows=chunk)
     if axis_name:
       grads, terms = jax.lax.psum((grads, terms), axis_name)
     return objective.loss(terms, totals), grads
@@ -71,23 +66,17 @@ def main():
 
   # One device, the whole batch: the reference.
   reference = jax.jit(_loss_and_gradients(objective(), 0))(params, batch)
-  runs, gathers, per_device = {}, [], {}
+  runs, gathers = {}, []
   # The jit mesh: one logical batch split along `data`; the compiler gathers the documents.
   par = parallel.JitParallel(config)
   assert par.mesh.shape["data"] == 8
-  # Gradient caching runs its chunk loops per device unless the parameters are split along
-  # `data` (fsdp), where they stay traced for the whole mesh: both forms.
-  for chunk, split in ((0, False), (1, False), (1, True)):
-    run = _loss_and_gradients(objective(), chunk, split=split)
+  for chunk in (0, 1):
     compiled = parallel.strategies.UnderMesh(jax.jit(
-        run, in_shardings=(sharding.replicated(par.mesh), sharding.batch_sharding(par.mesh)),
+        _loss_and_gradients(objective(), chunk),
+        in_shardings=(sharding.replicated(par.mesh), sharding.batch_sharding(par.mesh)),
         out_shardings=sharding.replicated(par.mesh)), par.mesh)
-    name = f"jit, grad_cache_chunk={chunk}" + (", parameters split along data" if split else "")
-    runs[name] = _difference(compiled(params, par.put_batch(batch)), reference)
-    if chunk:
-      with jax.set_mesh(par.mesh):
-        traced = str(jax.make_jaxpr(run)(params, par.put_batch(batch)))
-      per_device[name] = "shard_map" in traced
+    runs[f"jit, grad_cache_chunk={chunk}"] = _difference(
+        compiled(params, par.put_batch(batch)), reference)
     if chunk == 0:
       text = compiled.lower(params, par.put_batch(batch)).compile().as_text()
       gathers = sorted(set(re.findall(r"= (\w+\[[\d,]*\])[^ ]* all-gather", text)))
@@ -100,25 +89,19 @@ def main():
     loss, grads = compiled(params, pmap.put_batch(batch))
     runs[f"pmap, grad_cache_chunk={chunk}"] = _difference(
         (loss[0], jax.tree_util.tree_map(lambda g: g[0], grads)), reference)
-  # One real step of the job (the strategy's compiled step, the optimizer, the metrics); on the
-  # mesh also by gradient caching (the step's own random key into its per-device loops).
+  # One real step of the job (the strategy's compiled step, the optimizer, the metrics).
   single = parallel.JitParallel(config, devices=jax.devices()[:1])
-  cached_config = config.copy_and_resolve_references()
-  cached_config.grad_cache_chunk = 1
-  cached = embeddings.make_job(cached_config, inputs)
   steps = {}
-  for name, strategy, the_job in (("single", single, job), ("jit", par, job),
-                                  ("pmap", pmap, job), ("jit, grad_cache_chunk=1", par, cached)):
-    state, step = jobs.state_and_step(the_job, strategy)
+  for name, strategy in (("single", single), ("jit", par), ("pmap", pmap)):
+    state, step = jobs.state_and_step(job, strategy)
     _, metrics = step(state, strategy.put_batch(batch), RNG)
     steps[name] = strategy.metrics(metrics)
-  for name in ("jit", "pmap", "jit, grad_cache_chunk=1"):
+  for name in ("jit", "pmap"):
     ours, theirs = steps[name], steps["single"]
     runs[f"{name} train step"] = {
         "loss": float(abs(ours["loss"] - theirs["loss"]) / theirs["loss"]),
         "gradients": float(abs(ours["grad_norm"] - theirs["grad_norm"]) / theirs["grad_norm"])}
-  print(json.dumps({"runs": runs, "all_gather_shapes": gathers,
-                    "chunk_loops_per_device": per_device}, indent=None))
+  print(json.dumps({"runs": runs, "all_gather_shapes": gathers}, indent=None))
 
 
 if __name__ == "__main__":

@@ -130,8 +130,7 @@ def batch_sharded(x: Array) -> Array:
   (what fully sharded data parallelism means). Without fsdp it is the layout the step has anyway.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if (mesh.empty or "data" not in mesh.axis_names or mesh.shape["data"] == 1
-      or "data" in mesh.manual_axes):   # per device (shard_map over `data`): its own rows
+  if mesh.empty or "data" not in mesh.axis_names or mesh.shape["data"] == 1:
     return x
   return jax.lax.with_sharding_constraint(
       x, jax.sharding.PartitionSpec("data", *([None] * (x.ndim - 1))))

@@ -406,10 +406,7 @@ def _attend(q, k, v, segments, causal: bool, window: Optional[int] = None):
 
 
 def _mesh_axes(mesh, names):
-  """The axes of `names` that split the mesh and that the compiler still places (not already
-  per device: a caller's `shard_map` over them)."""
-  present = tuple(n for n in names if n in mesh.axis_names and mesh.shape[n] > 1
-                  and n not in mesh.manual_axes)
+  present = tuple(n for n in names if n in mesh.axis_names and mesh.shape[n] > 1)
   return present or None
 
 
@@ -437,16 +434,12 @@ def splash_attention_heads_first(q, k, v, segments, causal: bool = False,
   q = q * scale.astype(q.dtype)                                             # [B, N, S, D]
   attend = functools.partial(_attend, causal=causal, window=window)
   mesh = jax.sharding.get_abstract_mesh()
-  batch, heads = ((None, None) if mesh.empty else
-                  (_mesh_axes(mesh, _BATCH_AXES), _mesh_axes(mesh, (_HEAD_AXIS,))))
-  if batch or heads:
+  if not mesh.empty and mesh.size > 1:
+    batch, heads = _mesh_axes(mesh, _BATCH_AXES), _mesh_axes(mesh, (_HEAD_AXIS,))
     heads = heads[0] if heads else None
     qkv_spec, ids_spec = P(batch, heads, None, None), P(batch, None)
-    # Over every axis a caller has not already made per device (its shard_map's own).
     attend = jax.shard_map(attend, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec),
-                           out_specs=qkv_spec,
-                           axis_names=set(mesh.axis_names) - set(mesh.manual_axes),
-                           check_vma=False)
+                           out_specs=qkv_spec, check_vma=False)
   return attend(q, k, v, segments)                                          # [B, N, S, D]
 
 

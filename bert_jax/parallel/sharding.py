@@ -187,27 +187,6 @@ def placed_gradients(grads):
   return grads if target is None else jax.lax.with_sharding_constraint(grads, target)
 
 
-# Whether the step being traced has its parameters split along `data` (config.fsdp): set while
-# such a step is traced (`parameters_split`), read where per-device loops need whole parameters
-# on every device (`runtime.grad_cache`).
-_PARAMETERS_SPLIT = contextvars.ContextVar("parameters_split_along_data", default=False)
-
-
-@contextlib.contextmanager
-def parameters_split():
-  """While a step is traced in this context, `parameters_split_along_data()` is True."""
-  token = _PARAMETERS_SPLIT.set(True)
-  try:
-    yield
-  finally:
-    _PARAMETERS_SPLIT.reset(token)
-
-
-def parameters_split_along_data() -> bool:
-  """True while a step whose parameters are split along `data` (fsdp) is traced."""
-  return _PARAMETERS_SPLIT.get()
-
-
 def _with_fsdp(spec: P, logical: P, shape: Tuple[int, ...], mesh: Mesh) -> P:
   """`spec` with one more dimension split along `data` (ZeRO-3 / fully sharded data parallel):
   the largest dimension that no mesh axis splits yet, that `data` divides and that is not the

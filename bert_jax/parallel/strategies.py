@@ -108,8 +108,6 @@ class JitParallel:
     if self.optimizer_sharded:   # ZeRO-1: the gradients stay where the parameters are
       step_fn = _traced_within(step_fn, lambda: sharding.gradients_placed_like(
           self.state_sharding.params))
-    if self.fsdp:   # per-device loops (gradient caching's) must not assume whole parameters
-      step_fn = _traced_within(step_fn, sharding.parameters_split)
     return UnderMesh(jax.jit(step_fn,
                              in_shardings=(self.state_sharding, sharding.batch_sharding(self.mesh),
                                            sharding.replicated(self.mesh)),

@@ -25,14 +25,6 @@ every device busy and no row moves between devices. Shapes: B rows, D devices al
 (1 outside a mesh, and under pmap, where a step sees its own rows), b = B / D, c = `rows`,
 n = b / c chunks.
 
-On a mesh whose parameters are whole on every device (not `config.fsdp`) the two chunk loops
-run per device (`shard_map` over `data`): each device embeds its own rows and sums its own
-chunks' parameter gradients, and the sums are all-reduced once, after the last chunk. Traced
-for the whole mesh instead, the compiler all-reduces every chunk's gradient (n all-reduces of
-the whole model a step; 116 of 1,658 GB per chip for ModernBERT-base at 512 rows a chip in
-chunks of 256 on v5e). A device's dropout draws are then `fold_in(fold_in(rng, chunk),
-device)`, the same in both passes.
-
 XLA's cost analysis counts a loop body once, so a compile for its cost (`--compile_for`'s
 roofline) traces the chunk loops unrolled (`unrolled_for_cost`): the same values, every chunk
 counted.
@@ -43,10 +35,8 @@ from typing import Any, Dict, Iterator, Tuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from bert_jax.model.layers import batch_sharded
-from bert_jax.parallel import sharding
 
 Arrays = Dict[str, jax.Array]
 
@@ -113,11 +103,18 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
   batch_rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
   check_rows(batch_rows, devices, rows)
   chunks = chunked(batch, rows, devices)                                        # [n, D*c, ...]
-  loops = (_PerDevice if devices > 1 and not sharding.parameters_split_along_data()
-           else _WholeMesh)(objective, step_rng, batch_rows // devices // rows)
+  count = batch_rows // devices // rows
+  index = jnp.arange(count)
+  unroll = count if _UNROLLED.get() else 1
+
+  def embed(p, chunk, j):
+    chunk = jax.tree_util.tree_map(batch_sharded, chunk)
+    return objective.embed(p, chunk, jax.random.fold_in(step_rng, j))
 
   # 1. Embeddings only: a forward pass per chunk, nothing kept for a backward one.
-  embeddings = unchunked(loops.embed_chunks(params, chunks), devices)           # [B, ...]
+  _, embedded = jax.lax.scan(lambda _, xs: (None, embed(params, xs[1], xs[0])), None,
+                             (index, chunks), unroll=unroll)                    # [n, D*c, ...]
+  embeddings = unchunked(embedded, devices)                                     # [B, ...]
 
   # 2. The whole batch's loss and its gradient w.r.t. the embeddings.
   def loss_of(e):
@@ -130,63 +127,13 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
   # keeps the compiler from merging this forward pass with the first one (it would when the
   # loops are unrolled), which would keep every chunk's activations: what this avoids.
   again = jax.lax.optimization_barrier(params)
-  grads = loops.pull_back(again, chunks, chunked(embedding_grads, rows, devices))
+
+  def pull_back(total, xs):
+    j, chunk, cotangent = xs
+    _, vjp = jax.vjp(lambda p: embed(p, chunk, j), again)
+    return jax.tree_util.tree_map(jnp.add, total, vjp(cotangent)[0]), None
+
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  grads, _ = jax.lax.scan(pull_back, zeros,
+                          (index, chunks, chunked(embedding_grads, rows, devices)), unroll=unroll)
   return grads, terms
-
-
-class _WholeMesh:
-  """The chunk loops traced for the whole mesh (one device, pmap's per-device step, or
-  parameters split along `data`): each chunk's rows of every device at once."""
-
-  def __init__(self, objective, step_rng, count: int):
-    self.objective, self.step_rng, self.count = objective, step_rng, count
-
-  def chunk_rng(self, j):
-    return jax.random.fold_in(self.step_rng, j)
-
-  def embed(self, p, chunk, j):
-    chunk = jax.tree_util.tree_map(batch_sharded, chunk)
-    return self.objective.embed(p, chunk, self.chunk_rng(j))
-
-  def scan(self, body, init, xs):
-    unroll = self.count if _UNROLLED.get() else 1
-    return jax.lax.scan(body, init, (jnp.arange(self.count),) + xs, unroll=unroll)
-
-  def embed_chunks(self, params, chunks):
-    """[n, D*c, ...] chunks -> their embeddings, [n, D*c, ...]."""
-    return self.scan(lambda _, xs: (None, self.embed(params, xs[1], xs[0])), None, (chunks,))[1]
-
-  def pull_back(self, params, chunks, cotangents):
-    """The sum over chunks of each chunk's embeddings' cotangent pulled back to `params`."""
-
-    def add_chunk(total, xs):
-      j, chunk, cotangent = xs
-      _, vjp = jax.vjp(lambda p: self.embed(p, chunk, j), params)
-      return jax.tree_util.tree_map(jnp.add, total, vjp(cotangent)[0]), None
-
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-    return self.scan(add_chunk, zeros, (chunks, cotangents))[0]
-
-
-class _PerDevice(_WholeMesh):
-  """The same loops run on each device with its own rows (`shard_map` over `data`, the other
-  mesh axes left to the compiler): parameter gradients summed on the device, all-reduced once."""
-
-  ROWS = P(None, "data")   # [n, D*c, ...]: each device holds its c rows of every chunk
-
-  def chunk_rng(self, j):
-    return jax.random.fold_in(super().chunk_rng(j), jax.lax.axis_index("data"))
-
-  def embed(self, p, chunk, j):   # a device's own rows: nothing to keep split
-    return self.objective.embed(p, chunk, self.chunk_rng(j))
-
-  def per_device(self, fn, in_specs, out_specs):
-    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names={"data"},
-                         check_vma=False)
-
-  def embed_chunks(self, params, chunks):
-    return self.per_device(super().embed_chunks, (P(), self.ROWS), self.ROWS)(params, chunks)
-
-  def pull_back(self, params, chunks, cotangents):
-    summed = lambda *args: jax.lax.psum(super(_PerDevice, self).pull_back(*args), "data")
-    return self.per_device(summed, (P(), self.ROWS, self.ROWS), P())(params, chunks, cotangents)
