@@ -1,7 +1,7 @@
 """Run in a subprocess with 8 simulated CPU devices: the embedding job's loss and gradients on
 one device with the whole batch vs the jit mesh and pmap over 8 devices (each with 2 of the 16
 pairs, the negatives gathered from all of them), plain and by gradient caching; and one real
-train step of the job on each.
+train step of the job on each (on the mesh also by gradient caching).
 
 Prints one JSON line {"runs": {name: {"loss": relative difference, "gradients": largest
 difference relative to the largest gradient}}, "all_gather_shapes": [...]}.
@@ -89,14 +89,19 @@ def main():
     loss, grads = compiled(params, pmap.put_batch(batch))
     runs[f"pmap, grad_cache_chunk={chunk}"] = _difference(
         (loss[0], jax.tree_util.tree_map(lambda g: g[0], grads)), reference)
-  # One real step of the job (the strategy's compiled step, the optimizer, the metrics).
+  # One real step of the job (the strategy's compiled step, the optimizer, the metrics); on the
+  # mesh also by gradient caching (its chunk loops drawing from the step's own key).
   single = parallel.JitParallel(config, devices=jax.devices()[:1])
+  cached_config = config.copy_and_resolve_references()
+  cached_config.grad_cache_chunk = 1
+  cached = embeddings.make_job(cached_config, inputs)
   steps = {}
-  for name, strategy in (("single", single), ("jit", par), ("pmap", pmap)):
-    state, step = jobs.state_and_step(job, strategy)
+  for name, strategy, the_job in (("single", single, job), ("jit", par, job),
+                                  ("pmap", pmap, job), ("jit, grad_cache_chunk=1", par, cached)):
+    state, step = jobs.state_and_step(the_job, strategy)
     _, metrics = step(state, strategy.put_batch(batch), RNG)
     steps[name] = strategy.metrics(metrics)
-  for name in ("jit", "pmap"):
+  for name in ("jit", "pmap", "jit, grad_cache_chunk=1"):
     ours, theirs = steps[name], steps["single"]
     runs[f"{name} train step"] = {
         "loss": float(abs(ours["loss"] - theirs["loss"]) / theirs["loss"]),
