@@ -27,8 +27,8 @@ global with a 64-token window, GeGLU 192 wide: 0.56M encoder parameters against 
 0.39M), the masked LM alone at 30% on documents kept apart (as sequences of their own, packed
 into rows), no dropout, StableAdamW and warmup-stable-decay with a
 1-sqrt decay over the last fifth, the batch rising from 8 to 32 rows over the first 1.2M tokens;
-1,870 steps (419.3 s on a 2-core EPYC where the BERT demo takes 428.3 s). Both runs side by side, each final model
-scored on both held-out sets (`python -m benchmarks.demo_pair --out=DIR`): benchmarks/RESULTS.md,
+1,870 steps (419.3 s on a 2-core EPYC where the BERT demo takes 428.3 s). Both runs side by side,
+each final model scored on both held-out sets (`python -m benchmarks.demo_pair --out=DIR`): benchmarks/RESULTS.md,
 "The demo's modern twin, at equal wall-clock time".
 """
 from experiments import pretrain_bert_base, pretrain_modernbert, pretraining_defaults
