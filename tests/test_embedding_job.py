@@ -358,6 +358,7 @@ def test_the_step_compiles_for_a_tpu_slice(tmp_path):
   assert cached["model_flops_per_step"] == reports[0]["model_flops_per_step"] > 0
   assert cached["bytes_by_category"]["collective"] > 0 and cached["collectives"]
   # XLA counts the loop over chunks once: the report extrapolates from 1 and 2 chunks, so the
-  # cached step costs the plain one plus about one more forward pass (a third more).
+  # cached step costs the plain one plus one more forward pass of every chunk but the last
+  # (here half a forward pass: 7/6 of the plain step's forward and backward).
   assert cached["cost_analysis"].startswith("loops counted once by XLA (2 chunks)")
-  assert 1.15 < cached["flops_per_step"] / reports[0]["flops_per_step"] < 1.5
+  assert 1.1 < cached["flops_per_step"] / reports[0]["flops_per_step"] < 1.25

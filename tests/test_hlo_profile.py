@@ -109,3 +109,31 @@ def test_the_collectives_of_a_small_module():
   assert [(c["kind"], c["shape"], c["result_bytes"], c["count"]) for c in found] == [
       ("all-gather", "f32[64,32]", 64 * 32 * 4, 1), ("all-reduce", "f32[8,32]", 8 * 32 * 4, 1)]
   assert "gathered" in found[0]["name"] and not found[0]["in_loop"]
+
+
+COLLECTIVE_MATMUL = """
+HloModule collective_matmul
+
+%fused_gather_dot (p0: bf16[8,16], p1: bf16[2,32]) -> bf16[8,32] {
+  %p0 = bf16[8,16]{1,0} parameter(0)
+  %p1 = bf16[2,32]{1,0} parameter(1)
+  %ag = bf16[16,32]{1,0} all-gather(%p1), dimensions={0}
+  ROOT %dot.1 = bf16[8,32]{1,0} dot(%p0, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (param.0: bf16[8,16], param.1: bf16[2,32]) -> bf16[8,32] {
+  %param.0 = bf16[8,16]{1,0} parameter(0)
+  %param.1 = bf16[2,32]{1,0} parameter(1)
+  ROOT %fusion.1 = bf16[8,32]{1,0} fusion(%param.0, %param.1), kind=kOutput, calls=%fused_gather_dot, metadata={op_name="jit(train_step)/encoder/dense/dot_general"}
+}
+"""
+
+
+def test_an_all_gather_fused_into_a_matmul_is_the_matmuls_bytes_and_still_a_collective():
+  """libtpu fuses an all-gather into the matmul that reads it: the fusion's bytes are the
+  matmul's (its operands and result), and `collectives` still lists the all-gather."""
+  totals, _ = hlo_profile.profile(COLLECTIVE_MATMUL)
+  assert totals["matmul"] == 8 * 16 * 2 + 2 * 32 * 2 + 8 * 32 * 2
+  assert totals["collective"] == 0
+  found = hlo_profile.collectives(COLLECTIVE_MATMUL)
+  assert [(c["kind"], c["count"]) for c in found] == [("all-gather", 1)]

@@ -17,7 +17,8 @@ is (its opcode, the operations fused into it) and where it came from (the JAX na
   elementwise     other fusions (bias, GELU, residual adds, casts)
   optimizer_update  the optimizer's update of parameters and moments (the step's
                   `optimizer_update` name scope, bert_jax/runtime/step.py)
-  collective      all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
+  collective      all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute (one
+                  fused into a matmul, as libtpu does, is the matmul's)
   copy_transpose  copies, transposes and layout changes
 
 `profile(text)` returns the totals per category and the largest operations; `collectives(text)`
@@ -150,12 +151,25 @@ def _fused_opcodes(computations: Dict[str, Computation], names: List[str]) -> se
   return opcodes
 
 
+def collective_kind(op: Operation, fused: set) -> Optional[str]:
+  """The collective an operation is or holds fused inside it (all-gather, all-reduce, ...), or
+  None."""
+  base = op.opcode.replace("-start", "").replace("-done", "")
+  if base in _COLLECTIVES:
+    return base
+  return next((c for c in _COLLECTIVES if c in fused), None)
+
+
 def categorize(op: Operation, fused: set) -> str:
-  """The category of one top-level operation (see the module docstring)."""
+  """The category of one top-level operation (see the module docstring). A fusion holding both a
+  collective and a dot is a matmul: libtpu fuses an all-gather into the matmul that reads it (a
+  collective matmul), and such a fusion's bytes are the matmul's operands and result; its
+  collective is still one of `collectives`."""
   opcodes = fused | {op.opcode}
   base = op.opcode.replace("-start", "").replace("-done", "")
   path = op.op_name
-  if base in _COLLECTIVES or any(c in opcodes for c in _COLLECTIVES):
+  matmul = "dot" in opcodes or "convolution" in opcodes
+  if base in _COLLECTIVES or (collective_kind(op, fused) and not matmul):
     return "collective"
   if "optimizer_update" in path:
     return "optimizer_update"
@@ -163,7 +177,7 @@ def categorize(op: Operation, fused: set) -> str:
     return "dropout_rng"
   if re.search(r"/attention/self/(?!query|key|value)", path):
     return "attention"
-  if "dot" in opcodes or "convolution" in opcodes:
+  if matmul:
     return "matmul"
   if "LayerNorm" in path or "reduce" in opcodes or "reduce-window" in opcodes:
     return "layernorm_reduction"
@@ -263,10 +277,9 @@ def collectives(text: str) -> List[Dict]:
   found: Dict[Tuple[str, str, str, bool], Dict] = {}
   counted, in_loops = _walked(text)
   for op, _, _, fused in counted:
-    if categorize(op, fused) != "collective":
+    kind = collective_kind(op, fused)
+    if kind is None:
       continue
-    base = op.opcode.replace("-start", "").replace("-done", "")
-    kind = base if base in _COLLECTIVES else next(c for c in _COLLECTIVES if c in fused)
     shape = " ".join(dtype + "[" + dims + "]" for dtype, dims, _ in _SHAPE.findall(op.shape))
     # An async pair is counted at its done, which holds the start's name.
     looped = op.name in in_loops

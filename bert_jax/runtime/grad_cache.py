@@ -12,11 +12,13 @@ objective whose terms factor through per-row embeddings (`Objective.embed`,
    differentiated in this pass);
 2. the loss of the whole batch from its embeddings, and its gradient w.r.t. them (small);
 3. each chunk embedded again under `jax.vjp`, its embeddings' gradient pulled back to the
-   parameters, summed over the chunks.
+   parameters, summed over the chunks. The last chunk is embedded under `jax.vjp` in step 1
+   already, and pulled back first in step 3: its forward pass runs once.
 
 By the chain rule the sum is the gradient of the plain step (the same loss, differentiated
 through the whole batch at once), up to float32 summation order; memory holds one chunk's
-activations, time is one more forward pass. A chunk's dropout draws are `fold_in(rng, chunk)`
+activations, time is one more forward pass of every chunk but the last (with one chunk, the
+plain step). A chunk's dropout draws are `fold_in(rng, chunk)`
 in both passes, so the two passes see the same masks (and other masks than the plain step's).
 
 Chunks are taken per data-parallel device: `rows` is each device's rows in a chunk, and chunk j
@@ -105,15 +107,25 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
   chunks = chunked(batch, rows, devices)                                        # [n, D*c, ...]
   count = batch_rows // devices // rows
   index = jnp.arange(count)
-  unroll = count if _UNROLLED.get() else 1
+  unroll = max(count - 1, 1) if _UNROLLED.get() else 1
 
   def embed(p, chunk, j):
     chunk = jax.tree_util.tree_map(batch_sharded, chunk)
     return objective.embed(p, chunk, jax.random.fold_in(step_rng, j))
 
-  # 1. Embeddings only: a forward pass per chunk, nothing kept for a backward one.
-  _, embedded = jax.lax.scan(lambda _, xs: (None, embed(params, xs[1], xs[0])), None,
-                             (index, chunks), unroll=unroll)                    # [n, D*c, ...]
+  first = lambda tree: jax.tree_util.tree_map(lambda x: x[:-1], tree)          # [n-1, D*c, ...]
+  last = lambda tree: jax.tree_util.tree_map(lambda x: x[-1], tree)             # [D*c, ...]
+
+  # 1. Embeddings only: a forward pass per chunk, nothing kept for a backward one; but the last
+  # chunk's forward is the one its gradient will need (jax.vjp keeps what the backward pass
+  # reads), so it is not run a second time: n - 1 extra forward passes, not n.
+  last_embedded, last_pull_back = jax.vjp(lambda p: embed(p, last(chunks), count - 1), params)
+  embedded = jax.tree_util.tree_map(lambda l: l[None], last_embedded)           # [1, D*c, ...]
+  if count > 1:
+    _, others = jax.lax.scan(lambda _, xs: (None, embed(params, xs[1], xs[0])), None,
+                             (index[:-1], first(chunks)), unroll=unroll)        # [n-1, D*c, ...]
+    embedded = jax.tree_util.tree_map(lambda o, l: jnp.concatenate([o, l]),
+                                      others, embedded)                         # [n, D*c, ...]
   embeddings = unchunked(embedded, devices)                                     # [B, ...]
 
   # 2. The whole batch's loss and its gradient w.r.t. the embeddings.
@@ -122,18 +134,23 @@ def gradients(params, batch, step_rng, objective, totals: Arrays,
     return objective.loss(terms, totals), terms
 
   (_, terms), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
+  cotangents = chunked(embedding_grads, rows, devices)                          # [n, D*c, ...]
 
-  # 3. Each chunk again, its embeddings' gradient pulled back to the parameters. The barrier
-  # keeps the compiler from merging this forward pass with the first one (it would when the
-  # loops are unrolled), which would keep every chunk's activations: what this avoids.
-  again = jax.lax.optimization_barrier(params)
+  # 3. The last chunk pulled back first (what it kept is freed before the other chunks run),
+  # then each other chunk embedded again, its embeddings' gradient pulled back to the
+  # parameters, summed. The barrier keeps the compiler from merging this forward pass with the
+  # first one (it would when the loops are unrolled), which would keep every chunk's
+  # activations: what this avoids. It takes the last chunk's gradient, so the loop runs after it.
+  grads = last_pull_back(last(cotangents))[0]
+  if count == 1:
+    return grads, terms
+  again, grads = jax.lax.optimization_barrier((params, grads))
 
   def pull_back(total, xs):
     j, chunk, cotangent = xs
     _, vjp = jax.vjp(lambda p: embed(p, chunk, j), again)
     return jax.tree_util.tree_map(jnp.add, total, vjp(cotangent)[0]), None
 
-  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-  grads, _ = jax.lax.scan(pull_back, zeros,
-                          (index, chunks, chunked(embedding_grads, rows, devices)), unroll=unroll)
+  grads, _ = jax.lax.scan(pull_back, grads, (index[:-1], first(chunks), first(cotangents)),
+                          unroll=unroll)
   return grads, terms
