@@ -218,6 +218,15 @@ def torch_mlm_inputs(data: dict, device: str = "cpu", token_types: bool = False,
   return inputs
 
 
+def pipeline_batches(config, count: int, training: bool) -> List[dict]:
+  """The first `count` batches of bert_jax's pre-training pipeline for `config`, as numpy: the
+  training pipeline's, or (`training` False) the evaluation pipeline's, masked once."""
+  from bert_jax.tasks.jobs import pretraining
+  dataset = pretraining.input_pipeline_for(config, training=training, process_index=0,
+                                           process_count=1)
+  return [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+
+
 def jax_train_step(config, batch: dict):
   """(run, job): `run(steps=1)` trains `steps` steps of the job `config` trains (`registry.job`,
   placed and compiled as a run does: `runtime.job.state_and_step`) on `batch`, with one device

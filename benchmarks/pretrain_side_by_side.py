@@ -164,10 +164,7 @@ def prepare_data(config, workdir: str) -> None:
 
 def take_batches(config, count: int) -> List[Batch]:
   """The first `count` training batches of bert_jax's pipeline, as numpy (what both sides see)."""
-  from bert_jax.tasks.jobs import pretraining
-  dataset = pretraining.input_pipeline_for(config, training=True, process_index=0,
-                                           process_count=1)
-  batches = [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+  batches = bench_util.pipeline_batches(config, count, training=True)
   if len(batches) != count:
     raise ValueError(f"the pipeline gave {len(batches)} batches, {count} asked for")
   return batches
@@ -352,31 +349,12 @@ def load_modern_torch_model(directory: str, train: bool):
   return model.train(train)
 
 
-def mlm_labels(batch: Batch) -> np.ndarray:
-  """[B, S] labels for transformers' masked-LM loss: masked_lm_ids at the masked_lm_positions of
-  weight 1, -100 (ignored) everywhere else."""
-  positions, ids = batch["masked_lm_positions"], batch["masked_lm_ids"]
-  weights = np.asarray(batch["masked_lm_weights"])
-  if not np.all((weights == 0) | (weights == 1)):
-    raise ValueError("labels carry no weights: masked_lm_weights must be 0 or 1")
-  labels = np.full(np.shape(batch["input_ids"]), -100, np.int64)
-  rows, slots = np.nonzero(weights)
-  labels[rows, positions[rows, slots]] = ids[rows, slots]
-  if np.sum(labels != -100) != len(rows):
-    raise ValueError("a position is masked twice in one row")
-  return labels
-
-
 def modern_torch_losses(model, batch: Batch):
   """(total, mlm): transformers' own masked-LM loss (the mean over the labelled positions) times
   n / (n + 1e-5), bert_jax's sum(w * nll) / (sum(w) + 1e-5)."""
-  import torch
-  labels = mlm_labels(batch)
-  tensor = lambda name: torch.from_numpy(np.asarray(batch[name]).astype(np.int64))
-  out = model(input_ids=tensor("input_ids"), attention_mask=tensor("input_mask"),
-              labels=torch.from_numpy(labels))
-  count = float(np.sum(labels != -100))
-  mlm = out.loss * (count / (count + 1e-5))
+  inputs = bench_util.torch_mlm_inputs(batch)
+  count = float((inputs["labels"] != -100).sum())
+  mlm = model(**inputs).loss * (count / (count + 1e-5))
   return mlm, mlm
 
 
@@ -616,23 +594,17 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
 def plot(result, path: str, ylabel: str) -> str:
   """Both sides' per-step loss and, below, bert_jax's minus transformers' (the two differ far
   less than the loss moves from batch to batch, so the curves look identical)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   curves = result["parity"]["curves"]
   ours, theirs = (np.asarray(curves[side]["loss"]) for side in ("bert_jax", "torch"))
   steps = np.arange(1, len(ours) + 1)
-  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+  fig, (top, bottom) = bench_util.pyplot().subplots(2, 1, figsize=(8, 7), sharex=True)
   top.plot(steps, ours, color="tab:blue", label="bert_jax", linewidth=0.8)
   top.plot(steps, theirs, color="tab:orange", label="transformers", linewidth=0.8)
   top.set(ylabel=ylabel, title="Dropout off: per-step loss")
   top.legend()
   bottom.plot(steps, ours - theirs, color="tab:blue", linewidth=0.6)
   bottom.set(ylabel="minus transformers", xlabel="step")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return bench_util.save_figure(fig, path)
 
 
 def setup_line(args, config) -> str:
@@ -706,13 +678,10 @@ def main():
                            "differ from the other's)")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  if args.family == "bert":
-    config = demo_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
-                         seed=args.seed, kernels=args.kernels)
-  else:
-    config = modern_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
-                           seed=args.seed, kernels=args.kernels,
-                           local_attention=args.local_attention, optimizer=args.optimizer)
+  modern = dict(local_attention=args.local_attention, optimizer=args.optimizer)
+  config = (demo_config if args.family == "bert" else modern_config)(
+      args.size, args.steps, args.batch, args.seq, args.lr, args.warmup, seed=args.seed,
+      kernels=args.kernels, **(modern if args.family == "modernbert" else {}))
   prepare_data(config, args.out)
   batches = take_batches(config, args.steps)
   print(f"{len(batches)} batches of {args.batch} x {args.seq}; vocab {config.model.vocab_size}",
@@ -732,18 +701,14 @@ def main():
 
 def summary(config, result) -> Dict[str, object]:
   """One line of the headline numbers (the full record: OUT/pretrain_side_by_side.json)."""
-  p, q = result["parity"], result["parity"]["params"]
-  line = dict(family=family_of(config), steps=p["steps"], **{
+  p = result["parity"]
+  return dict(family=family_of(config), steps=p["steps"], **{
       f"{name}_max_{kind}": p["losses"][name][f"max_{kind}"]
-      for name in curves_of(config) for kind in ("abs", "rel")})
-  line.update(final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")})
-  line.update(param_tensors=q["tensors"], param_max_abs=q["max_abs"],
-              param_max_abs_name=q["max_abs_name"], param_max_rel=q["max_rel"],
-              param_max_rel_name=q["max_rel_name"], param_max_rel_to_change=q["max_rel_to_change"],
-              pad_inputs=p["pad_inputs"], seconds=p["seconds"],
-              stable_adamw_clipped=p.get("stable_adamw_clipped"))
-  line["pass"] = result["pass"]
-  return line
+      for name in curves_of(config) for kind in ("abs", "rel")},
+      final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")},
+      **{f"param_{k}": v for k, v in p["params"].items() if k != "per_tensor"},
+      pad_inputs=p["pad_inputs"], seconds=p["seconds"],
+      stable_adamw_clipped=p.get("stable_adamw_clipped"), **{"pass": result["pass"]})
 
 
 def loss_label(config) -> str:

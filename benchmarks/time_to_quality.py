@@ -58,6 +58,7 @@ process_setup.prepare(main=__name__ == "__main__")
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
+from benchmarks.bench_util import read_json, write_json  # noqa: E402
 
 SIDES = ("bert_jax", "bert_jax_modern")
 RECIPE = {"bert_jax": "bert", "bert_jax_modern": "modern"}
@@ -68,19 +69,6 @@ DEFAULT_TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "data", "text")
 DEFAULT_GLUE_DIR = os.path.join(os.path.dirname(DEFAULT_TEXT_DIR), "glue")
 Batch = Dict[str, np.ndarray]
-
-
-def write_json(path: str, value) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=1)
-  os.replace(path + ".tmp", path)
-
-
-def read_json(path: str):
-  """A JSON file, or a JSON-lines one (`.jsonl`) as a list."""
-  with open(path) as f:
-    return [json.loads(line) for line in f] if path.endswith(".jsonl") else json.load(f)
 
 
 # --- The corpus: books and Python's documentation cut into documents --------------------------
@@ -171,12 +159,9 @@ def read_data_info(out: str) -> dict:
 
 
 def eval_batches_from_pipeline(config, max_sequences: int) -> List[Batch]:
-  """The first batches of bert_jax's evaluation pipeline (fixed masks), as numpy."""
-  from bert_jax.tasks.jobs import pretraining
-  dataset = pretraining.input_pipeline_for(config, training=False, process_index=0,
-                                           process_count=1)
+  """The first batches of bert_jax's evaluation pipeline (fixed masks) holding `max_sequences`."""
   count = max(1, math.ceil(max_sequences / config.eval_batch_size))
-  return [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+  return bench_util.pipeline_batches(config, count, training=False)
 
 
 def save_batches(path: str, batches: Sequence[Batch]) -> dict:
@@ -686,31 +671,26 @@ def last_within(curve: Sequence[dict], budget_seconds: float) -> Optional[dict]:
 def plot_curves(curves: Dict[str, List[dict]], path: str) -> None:
   """Held-out MLM loss and accuracy vs training minutes on both held-out sets (rows), every side
   with a curve; BERT's recipe solid, the modern dashed (matplotlib PNG)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(len(EVAL_SETS), 2, figsize=(11, 4.0 * len(EVAL_SETS)), squeeze=False)
+  fig, axes = bench_util.pyplot().subplots(len(EVAL_SETS), 2, figsize=(11, 4.0 * len(EVAL_SETS)),
+                                           squeeze=False)
   titles = {"pairs": "held-out NSP pairs", "text": "held-out contiguous text"}
   for (loss_ax, acc_ax), eval_set in zip(axes, EVAL_SETS):
     for side, rows in curves.items():
       rows = [r for r in rows if r.get(f"{eval_set}_mlm_loss") is not None]
       if not rows:
         continue
-      minutes = [r["seconds"] / 60 for r in rows]
       style = dict(marker="o", markersize=3, color=COLORS[side], label=side,
                    linestyle="--" if RECIPE[side] == "modern" else "-")
-      loss_ax.plot(minutes, [r.get(f"{eval_set}_mlm_loss") for r in rows], **style)
-      acc_ax.plot(minutes, [r.get(f"{eval_set}_mlm_accuracy") for r in rows], **style)
+      for ax, name in ((loss_ax, "loss"), (acc_ax, "accuracy")):
+        ax.plot([r["seconds"] / 60 for r in rows], [r.get(f"{eval_set}_mlm_{name}") for r in rows],
+                **style)
     for ax, name in ((loss_ax, "loss"), (acc_ax, "accuracy")):
       ax.set(xlabel="training wall clock (minutes)", ylabel=f"MLM {name} (15% masked)",
              title=f"Masked-LM {name}, {titles[eval_set]}")
       ax.grid(alpha=0.3)
       if ax.get_legend_handles_labels()[0]:
         ax.legend()
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  bench_util.save_figure(fig, path, dpi=110)
 
 
 def describe_data(info: dict, sides: Dict[str, dict]) -> List[str]:
