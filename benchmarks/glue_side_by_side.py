@@ -15,7 +15,6 @@ metric. The PyTorch side is a plain loop over `BertForSequenceClassification`.
 Results (a table to paste into benchmarks/RESULTS.md) go to OUT/side_by_side.md and .json.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
+from benchmarks import bench_util  # noqa: E402
 from benchmarks.bench_util import minilm_checkpoint_dir as checkpoint_dir  # noqa: E402
-from benchmarks.bench_util import torch_adamw  # noqa: E402
 
 
 def jax_config(args, task: str, seed: int):
@@ -93,24 +92,20 @@ def run_torch(args, task: str, seed: int):
   with torch.no_grad():
     model.classifier.weight.copy_(torch.from_numpy(kernel.T))
     model.classifier.bias.copy_(torch.from_numpy(bias))
-  opt = torch_adamw(model, args.lr)
+  opt = bench_util.torch_adamw(model, args.lr)
   num_rows = len(train["input_ids"])
   steps = max(1, int(num_rows * args.epochs / args.batch))
   warmup = int(steps * config.warmup_proportion)
   schedule = optim.bert_schedule(args.lr, warmup, steps)
   sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: float(schedule(s)) / args.lr)
   order = finetuning.TrainOrder(num_rows, args.batch, seed)
-  tensor = lambda a, idx: torch.from_numpy(np.asarray(a[idx]).astype(np.int64))
-
-  def batch_inputs(arrays, idx):
-    return dict(input_ids=tensor(arrays["input_ids"], idx),
-                attention_mask=tensor(arrays["input_mask"], idx),
-                token_type_ids=tensor(arrays["segment_ids"], idx))
+  batch_inputs = lambda arrays, idx: bench_util.torch_encoder_inputs(
+      {k: v[idx] for k, v in arrays.items()})
 
   def labels(arrays, idx):
     if spec.is_regression:
       return torch.from_numpy(arrays["label_values"][idx])
-    return tensor(arrays["label_ids"], idx)
+    return torch.from_numpy(np.asarray(arrays["label_ids"][idx]).astype(np.int64))
 
   def evaluate():
     model.eval()
@@ -166,19 +161,15 @@ def main():
       jax_dev, jax_s = run_jax(args, task, seed)
       torch_dev, torch_s = run_torch(args, task, seed)
       for m in spec.metrics:
-        diff = 100 * (jax_dev[m] - torch_dev[m])
-        rows.append(f"| {spec.folder} | {seed} | {m} | {100 * jax_dev[m]:.1f} | "
-                    f"{100 * torch_dev[m]:.1f} | {diff:+.1f} | {jax_s:.0f} / {torch_s:.0f} s |")
+        rows.append([spec.folder, seed, m, f"{100 * jax_dev[m]:.1f}", f"{100 * torch_dev[m]:.1f}",
+                     f"{100 * (jax_dev[m] - torch_dev[m]):+.1f}", f"{jax_s:.0f} / {torch_s:.0f} s"])
       records.append(dict(task=task, seed=seed, jax=jax_dev, torch=torch_dev, jax_seconds=jax_s,
                           torch_seconds=torch_s))
-      print(rows[-1], flush=True)
-  table = "\n".join(["| task | seed | metric | bert_jax | transformers | diff (points) | "
-                     "wall clock jax / torch |", "|---|---|---|---|---|---|---|"] + rows)
-  with open(os.path.join(args.out, "side_by_side.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
-    json.dump(dict(args=vars(args), results=records), f, indent=2)
-  print(table)
+      print(*rows[-1], sep=" | ", flush=True)
+  table = bench_util.markdown_table(("task", "seed", "metric", "bert_jax", "transformers",
+                                     "diff (points)", "wall clock jax / torch"), rows)
+  bench_util.write_report(args.out, "side_by_side", dict(args=vars(args), results=records),
+                          "\n".join(table))
 
 
 if __name__ == "__main__":
