@@ -74,8 +74,11 @@ def write_json(path: str, value) -> None:
   os.replace(path + ".tmp", path)
 
 
-def read_json(path: str):
-  """A JSON file, or a JSON-lines one (`.jsonl`) as a list."""
+def read_json(path: str, *default):
+  """A JSON file, or a JSON-lines one (`.jsonl`) as a list; `default`, when given, where there is
+  no file."""
+  if default and not os.path.exists(path):
+    return default[0]
   with open(path) as f:
     return [json.loads(line) for line in f] if path.endswith(".jsonl") else json.load(f)
 

@@ -170,13 +170,6 @@ def take_batches(config, count: int) -> List[Batch]:
   return batches
 
 
-def initial_params(config):
-  """bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key)."""
-  import jax
-  from bert_jax.tasks import registry
-  return jax.device_get(registry.job(config).init_state().params)
-
-
 def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
   """`params` as the family's Hugging Face pre-training class (config.json + safetensors in
   `directory`), and the tensors written, by Hugging Face name (what is compared)."""
@@ -301,8 +294,8 @@ def clip_by_global_norm(grads: list, clip: float):
 class OriginalAdamW:
   """BERT's AdamWeightDecayOptimizer after tf.clip_by_global_norm, as bert_jax's chain orders it.
 
-  g *= clip / max(|g|, clip) over all gradients (torch's clip_grad_norm_ divides by |g| + 1e-6
-  instead); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (no bias correction);
+  g *= clip / max(|g|, clip) over all gradients (`clip_by_global_norm`);
+  m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (no bias correction);
   param -= lr * (m / (sqrt(v) + eps) + wd * param), wd only where bert_jax's `decay_mask` has it
   (not on biases, `cls.predictions.bias` included, nor LayerNorm).
   """
@@ -370,11 +363,9 @@ def pad_inputs(config, batches: Sequence[Batch]) -> int:
 
 
 class TorchAdamW:
-  """torch.optim.AdamW (bias-corrected) after bert_jax's clipping (`clip_by_global_norm`),
-  with weight decay in param groups by transformers' own rule (`Trainer.
-  get_decay_parameter_names`: not on biases and norms, as bert_jax's `decay_mask`); the learning
-  rate of each step is set, the very float32 value bert_jax's step applied. `decay_names`
-  (model -> names) replaces that rule (the tests' changed recipes)."""
+  """torch.optim.AdamW (bias-corrected) after bert_jax's clipping (`clip_by_global_norm`), in the
+  param groups of `decay_groups`; the learning rate of each step is set, the very float32 value
+  bert_jax's step applied."""
 
   def __init__(self, model, opt_config, decay_names: Optional[Callable] = None):
     import torch
@@ -565,9 +556,12 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
 
   Writes WORKDIR/hf_initial (the shared initial weights) and WORKDIR/hf_final_bert_jax.
   """
+  import jax
+  from bert_jax.tasks import registry
   if config.model.hidden_dropout_prob or config.model.attention_probs_dropout_prob:
     raise ValueError("parity needs dropout off (hidden and attention dropout 0)")
-  params = initial_params(config)
+  # bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key).
+  params = jax.device_get(registry.job(config).init_state().params)
   init_dir = os.path.join(workdir, "hf_initial")
   initial = exported(config, params, init_dir)
   lrs = learning_rates(config, len(batches))
@@ -575,17 +569,14 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   if not np.allclose(ours.learning_rates, lrs, rtol=1e-6, atol=0):
     raise AssertionError("bert_jax's step applied other rates than schedule(step)")
   theirs = run_torch(config, init_dir, batches, lrs, threads=threads)
-  result = dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
-                losses=loss_diffs(ours, theirs),
-                params=param_diffs(exported(config, ours.final,
-                                            os.path.join(workdir, "hf_final_bert_jax")),
-                                   theirs.final, initial),
-                seconds=dict(bert_jax=ours.seconds, torch=theirs.seconds),
-                stable_adamw_clipped=theirs.clipped,
-                curves=dict(bert_jax={k: v.tolist() for k, v in ours.losses.items()},
-                            torch={k: v.tolist() for k, v in theirs.losses.items()},
-                            learning_rate=lrs.tolist()))
-  return result
+  final = exported(config, ours.final, os.path.join(workdir, "hf_final_bert_jax"))
+  return dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
+              losses=loss_diffs(ours, theirs), params=param_diffs(final, theirs.final, initial),
+              seconds=dict(bert_jax=ours.seconds, torch=theirs.seconds),
+              stable_adamw_clipped=theirs.clipped,
+              curves=dict(bert_jax={k: v.tolist() for k, v in ours.losses.items()},
+                          torch={k: v.tolist() for k, v in theirs.losses.items()},
+                          learning_rate=lrs.tolist()))
 
 
 # ----------------------------------------------------------------------------------- output
@@ -693,7 +684,8 @@ def main():
                         args.loss_rtol and p["params"]["max_abs"] <= args.param_atol)
   bench_util.write_report(args.out, "pretrain_side_by_side", result,
                           markdown(args, config, result))
-  print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"), loss_label(config)))
+  print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"),
+                        "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"))
   print(json.dumps(summary(config, result)))
   if not result["pass"]:
     sys.exit(1)
@@ -709,10 +701,6 @@ def summary(config, result) -> Dict[str, object]:
       **{f"param_{k}": v for k, v in p["params"].items() if k != "per_tensor"},
       pad_inputs=p["pad_inputs"], seconds=p["seconds"],
       stable_adamw_clipped=p.get("stable_adamw_clipped"), **{"pass": result["pass"]})
-
-
-def loss_label(config) -> str:
-  return "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"
 
 
 if __name__ == "__main__":

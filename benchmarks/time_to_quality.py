@@ -744,37 +744,28 @@ def glue_tables(args, results: Dict[str, Dict[str, dict]], report: dict) -> List
   pm = lambda spread: f"{spread['mean']:.1f} +- {spread['std']:.1f}"
   sides = [s for s in SIDES if results.get(s)]
   missing = [s for s in SIDES if s not in sides]
-  lines = ["", f"GLUE dev (whole dev sets), {args.seeds} seed(s), mean +- std over seeds "
-           f"(score = mean of the task's metrics x100); recipe: batch {args.ft_batch}, lr "
-           f"{args.ft_lr:g}, {args.ft_epochs} epochs, max length {args.ft_max_seq}; training "
-           f"subsets: {args.ft_train_examples or 'none'}."
-           + (f" Not fine-tuned yet: {', '.join(missing)}." if missing else ""), "",
-           "| task | metric | " + " | ".join(sides) + " | minutes (" + " / ".join(sides) + ") |",
-           "|---|---|" + "---|" * len(sides) + "---|"]
-  table = {}
-  for task in tasks_of(args):
-    entries = {side: results[side].get(task) for side in sides}
-    if not any(entries.values()):
-      continue
-    spec = glue.spec_for(task)
-    s = {side: bench_util.seed_spread(e["scores"]) for side, e in entries.items() if e}
-    table[task] = s
-    lines.append(f"| {spec.folder} | {'/'.join(spec.metrics)} | "
-                 + " | ".join(pm(s[side]) if side in s else "-" for side in sides) + " | "
-                 + " / ".join(f"{entries[side]['seconds'] / 60:.0f}" if entries[side] else "-"
-                              for side in sides) + " |")
-  complete = [t for t in tasks_of(args) if t in table and all(side in table[t] for side in sides)]
-  if complete:
-    averages = {}
-    for side in sides:   # per seed, the mean over tasks of the task scores
-      scores = [results[side][t]["scores"] for t in complete]
-      averages[side] = bench_util.seed_spread(
-          [float(np.mean([s[i] for s in scores])) for i in range(min(map(len, scores)))])
-    lines.append(f"| **average** | {len(complete)} tasks | "
-                 + " | ".join(f"**{pm(averages[side])}**" for side in sides) + " | |")
-    report["average"] = averages
+  tasks = [t for t in tasks_of(args) if any(t in results[s] for s in sides)]
+  table = {t: {s: bench_util.seed_spread(results[s][t]["scores"]) for s in sides
+               if t in results[s]} for t in tasks}
+  rows = [[glue.spec_for(t).folder, "/".join(glue.spec_for(t).metrics)]
+          + [pm(table[t][s]) if s in table[t] else "-" for s in sides]
+          + [" / ".join(f"{results[s][t]['seconds'] / 60:.0f}" if t in results[s] else "-"
+                        for s in sides)] for t in tasks]
+  complete = [t for t in tasks if len(table[t]) == len(sides)]
+  if complete:   # per seed, the mean over tasks of the task scores
+    report["average"] = averages = {s: bench_util.seed_spread(
+        [float(np.mean(seed)) for seed in zip(*(results[s][t]["scores"] for t in complete))])
+        for s in sides}
+    rows.append(["**average**", f"{len(complete)} tasks"]
+                + [f"**{pm(averages[s])}**" for s in sides] + [""])
   report["table"] = table
-  return lines
+  return ["", f"GLUE dev (whole dev sets), {args.seeds} seed(s), mean +- std over seeds "
+          f"(score = mean of the task's metrics x100); recipe: batch {args.ft_batch}, lr "
+          f"{args.ft_lr:g}, {args.ft_epochs} epochs, max length {args.ft_max_seq}; training "
+          f"subsets: {args.ft_train_examples or 'none'}."
+          + (f" Not fine-tuned yet: {', '.join(missing)}." if missing else ""), ""
+          ] + bench_util.markdown_table(
+              ["task", "metric"] + sides + [f"minutes ({' / '.join(sides)})"], rows)
 
 
 def goal(averages: Dict[str, dict]) -> List[str]:
@@ -791,13 +782,9 @@ def goal(averages: Dict[str, dict]) -> List[str]:
 def report(args) -> dict:
   """OUT/time_to_quality.md and .json, and the plot."""
   info = read_data_info(args.out)
-  sides = {}
-  for side in SIDES:
-    curve, summary = (os.path.join(args.out, side, name) for name in ("curve.jsonl",
-                                                                      "summary.json"))
-    sides[side] = dict(curve=read_json(curve) if os.path.exists(curve) else [])
-    if os.path.exists(summary):
-      sides[side]["summary"] = read_json(summary)
+  sides = {side: dict(curve=read_json(os.path.join(args.out, side, "curve.jsonl"), []),
+                      summary=read_json(os.path.join(args.out, side, "summary.json"), None))
+           for side in SIDES}
   results = finetuned(args)
   lines = describe_data(info, sides) + [""] + pretraining_table(sides)
   out = dict(data=info, pretraining={s: d.get("summary") for s, d in sides.items()},
