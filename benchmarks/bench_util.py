@@ -206,18 +206,20 @@ def mlm_labels(batch: dict) -> np.ndarray:
   return labels
 
 
-def torch_mlm_inputs(data: dict, device: str = "cpu", token_types: bool = False,
-                     nsp: bool = False) -> dict:
-  """A pre-training batch (numpy) as a transformers masked-LM's keyword arguments (`mlm_labels`),
-  with token types and NSP labels when asked."""
+def torch_inputs(batch: dict, device: str = "cpu", token_types: bool = True,
+                 labels: bool = False, nsp: bool = False) -> dict:
+  """A batch (numpy) as a transformers model's keyword arguments: ids and attention mask, then
+  what is asked for of token types, masked-LM labels (`mlm_labels`) and NSP labels."""
   import torch
   as_long = lambda x: torch.tensor(np.asarray(x), dtype=torch.long, device=device)
-  inputs = {"input_ids": as_long(data["input_ids"]),
-            "attention_mask": as_long(data["input_mask"]), "labels": as_long(mlm_labels(data))}
+  inputs = {"input_ids": as_long(batch["input_ids"]),
+            "attention_mask": as_long(batch["input_mask"])}
   if token_types:
-    inputs["token_type_ids"] = as_long(data["segment_ids"])
+    inputs["token_type_ids"] = as_long(batch["segment_ids"])
+  if labels:
+    inputs["labels"] = as_long(mlm_labels(batch))
   if nsp:
-    inputs["next_sentence_label"] = as_long(data["next_sentence_labels"][:, 0])
+    inputs["next_sentence_label"] = as_long(batch["next_sentence_labels"][:, 0])
   return inputs
 
 
@@ -286,11 +288,3 @@ def padded_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict:
   ids = rng.randint(1000, vocab, size=(batch, seq)).astype(np.int32) * mask
   segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
   return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
-
-
-def torch_encoder_inputs(batch: dict) -> dict:
-  """An encoder batch (numpy) as a transformers BERT's keyword arguments."""
-  import torch
-  as_long = lambda name: torch.tensor(np.asarray(batch[name]), dtype=torch.long)
-  return {"input_ids": as_long("input_ids"), "attention_mask": as_long("input_mask"),
-          "token_type_ids": as_long("segment_ids")}

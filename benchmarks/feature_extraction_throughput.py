@@ -57,7 +57,7 @@ def bench(name: str, batch: int, seq: int, rounds: int, steps: int, threads: int
     return out["sequence_output"], out["pooled_output"]         # [B, S, H], [B, H]
 
   args = [jax.device_put(inputs[k]) for k in ("input_ids", "input_mask", "segment_ids")]
-  t_inputs = bench_util.torch_encoder_inputs(inputs)
+  t_inputs = bench_util.torch_inputs(inputs)
 
   def run_theirs():
     with torch.inference_mode():

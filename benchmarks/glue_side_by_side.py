@@ -99,8 +99,7 @@ def run_torch(args, task: str, seed: int):
   schedule = optim.bert_schedule(args.lr, warmup, steps)
   sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: float(schedule(s)) / args.lr)
   order = finetuning.TrainOrder(num_rows, args.batch, seed)
-  batch_inputs = lambda arrays, idx: bench_util.torch_encoder_inputs(
-      {k: v[idx] for k, v in arrays.items()})
+  batch_inputs = lambda arrays, idx: bench_util.torch_inputs({k: v[idx] for k, v in arrays.items()})
 
   def labels(arrays, idx):
     if spec.is_regression:

@@ -46,7 +46,7 @@ VOCAB = 30522
 MODERN_VOCAB, MODERN_MASK_RATE = 50368, 0.30   # ModernBERT's padded vocabulary and masking rate
 # Nominal dense bfloat16 tensor-core peaks (vendor data sheets), FLOP/s.
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12}
-CLS, SEP, MASK = 101, 102, 103
+CLS, SEP = 101, 102
 
 
 def nominal_peak(device_kind: str) -> float:
@@ -99,17 +99,13 @@ def make_batch(args, packed: bool, rng):
           len(examples) / len(rows), lengths)
 
 
-def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, seq=None):
-  """Training FLOPs (`bert_jax.model.flops`) of the encoder over the given sequences, the
-  masked-only MLM head and the pooler/NSP. `seq` set: every row counts as `seq` long with one S^2
-  attention."""
-  if seq is not None:
-    tokens, attention = rows * seq, rows * seq * seq
-  else:
-    tokens = float(np.sum(seq_lengths_per_row))
-    attention = float(np.sum(np.square(seq_lengths_per_row)))
-  return flops.training_flops(layers, hidden, 4 * hidden, VOCAB, tokens=tokens,
-                              attention_pairs=attention, predictions=predictions, pairs=pairs)
+def model_flops(layers, hidden, lengths, predictions, pairs):
+  """Training FLOPs (`bert_jax.model.flops`) of the encoder over sequences of `lengths`, each
+  attending within itself, the masked-only MLM head and the pooler/NSP."""
+  lengths = np.asarray(lengths, np.float64)
+  return flops.training_flops(layers, hidden, 4 * hidden, VOCAB, tokens=float(lengths.sum()),
+                              attention_pairs=float(np.square(lengths).sum()),
+                              predictions=predictions, pairs=pairs)
 
 
 # --variants: config.model overrides, each compiled in the same process and timed in the same
@@ -187,7 +183,7 @@ def torch_step(args, batch):
                                    num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
                                    max_position_embeddings=max(512, args.seq))
   model = transformers.BertForPreTraining(config).cuda().train()
-  inputs = bench_util.torch_mlm_inputs(batch, device="cuda", token_types=True, nsp=True)
+  inputs = bench_util.torch_inputs(batch, device="cuda", labels=True, nsp=True)
   return bench_util.torch_train_step(model, bench_util.torch_adamw(model, lr=1e-4), inputs,
                                      clip=1.0, bfloat16=True)
 
@@ -203,14 +199,20 @@ def torch_modern_step(args, batch, compiled: bool):
   model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
-  return bench_util.torch_train_step(model, opt, bench_util.torch_mlm_inputs(batch, device=device),
+  inputs = bench_util.torch_inputs(batch, device=device, token_types=False, labels=True)
+  return bench_util.torch_train_step(model, opt, inputs,
                                      bfloat16=args.dtype == "bfloat16", compiled=compiled)
 
 
 def timed(args, fns) -> dict:
-  """Seconds per step of each callable (`fn(steps)`), `--steps` a round, in interleaved rounds."""
+  """Seconds per step of each callable (`fn(steps)`), `--steps` a round, in interleaved rounds;
+  then, with `--profile`, 3 steps of the first (the first variant) under the profiler (a Perfetto
+  trace for a per-kernel breakdown)."""
   sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
                                     rounds=args.rounds, steps=1, warmup=1)
+  if args.profile:
+    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+      next(iter(fns.values()))(3)
   return {k: v / args.steps for k, v in sec.items()}
 
 
@@ -243,9 +245,6 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     result.update({f"ratio_vs_{peer}": round(sec[peer] / sec[side], 2)
                    for peer in peers if side in variants})
     print(json.dumps(result), flush=True)
-  if args.profile:
-    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-      fns[variants[0]](3)
 
 
 def jax_steps(args, batch, variants):
@@ -328,13 +327,13 @@ def main():
     # Computed: every row position, every prediction slot and every [CLS] slot of the rows.
     slots_per_row = args.max_pred + args.max_pairs if packed else args.max_pred
     cls_per_row = args.max_pairs if packed else 1
-    computed = model_flops(layers, hidden, None, args.batch * slots_per_row,
-                           args.batch * cls_per_row, args.batch, seq=args.seq)
+    computed = model_flops(layers, hidden, [args.seq] * args.batch, args.batch * slots_per_row,
+                           args.batch * cls_per_row)
     # Useful: the real pairs of one step's worth of rows, each attending within itself.
     pairs = args.batch * pairs_per_row
     scale = pairs / len(lengths)
-    useful = scale * model_flops(layers, hidden, lengths, 0, 0, 0) + model_flops(
-        layers, hidden, [], args.batch * predictions_per_row, pairs, 0)
+    useful = scale * model_flops(layers, hidden, lengths, 0, 0) + model_flops(
+        layers, hidden, [], args.batch * predictions_per_row, pairs)
     for variant in variants:
       seconds, c = sec[variant], jax_config(args, VARIANTS[variant])
       result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
@@ -355,9 +354,6 @@ def main():
         result.update(torch_steps_per_sec=round(1 / sec["torch"], 3),
                       ratio_vs_torch=round(sec["torch"] / seconds, 2))
       print(json.dumps(result), flush=True)
-    if args.profile:  # a few steps under the profiler (Perfetto trace) for a per-kernel breakdown
-      with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-        fns[variants[0]](3)
 
 
 if __name__ == "__main__":

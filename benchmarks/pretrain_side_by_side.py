@@ -345,7 +345,7 @@ def load_modern_torch_model(directory: str, train: bool):
 def modern_torch_losses(model, batch: Batch):
   """(total, mlm): transformers' own masked-LM loss (the mean over the labelled positions) times
   n / (n + 1e-5), bert_jax's sum(w * nll) / (sum(w) + 1e-5)."""
-  inputs = bench_util.torch_mlm_inputs(batch)
+  inputs = bench_util.torch_inputs(batch, token_types=False, labels=True)
   count = float((inputs["labels"] != -100).sum())
   mlm = model(**inputs).loss * (count / (count + 1e-5))
   return mlm, mlm

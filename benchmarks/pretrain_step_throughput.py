@@ -105,8 +105,8 @@ def torch_step(family: str, config, threads: int):
   model, betas, weight_decay, clip = torch_model(family, config)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=betas, eps=1e-6,
                           weight_decay=weight_decay)
-  inputs = bench_util.torch_mlm_inputs(batch_of(config), token_types=family != "modernbert",
-                                       nsp=config.objective == "mlm_nsp")
+  inputs = bench_util.torch_inputs(batch_of(config), token_types=family != "modernbert",
+                                   labels=True, nsp=config.objective == "mlm_nsp")
   return bench_util.torch_train_step(model, opt, inputs, clip=clip,
                                      bfloat16=config.model.dtype == "bfloat16")
 

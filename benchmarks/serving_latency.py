@@ -84,7 +84,7 @@ def bench(best: str, work: str, batches, seq: int, rounds: int, steps: int, thre
     inputs = bench_util.padded_batch(batch, seq, servable.bert_config.vocab_size)
     tf_inputs = {k: tf.constant(v) for k, v in inputs.items()}
     jax_inputs = [jax.device_put(inputs[k]) for k in ("input_ids", "input_mask", "segment_ids")]
-    torch_inputs = bench_util.torch_encoder_inputs(inputs)
+    torch_inputs = bench_util.torch_inputs(inputs)
 
     def run_saved_model():
       out = signature(**tf_inputs)
