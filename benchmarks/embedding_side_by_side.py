@@ -60,7 +60,10 @@ QUICK = dict(train_pairs=16, test_queries=8, seeds=1, steps=2, batch=4, eval_eve
              modernbert_seeds=1)
 
 
-def _parser() -> argparse.ArgumentParser:
+def settings(argv=None) -> Settings:
+  """The command line's settings, `--quick`'s values over the others, with the warm-up steps (as
+  the embedding job counts them) and the steps both sides are scored at after step 0 (the job's:
+  every eval_every and the last)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add = parser.add_argument
   add("--squad_file", default=SQUAD_FILE, help="SQuAD v1.1 (JSON)")
@@ -89,14 +92,7 @@ def _parser() -> argparse.ArgumentParser:
   add("--modernbert_lr", type=float, default=1e-4, help="its peak learning rate")
   add("--modernbert_seeds", type=int, default=1, help="its seeds per side")
   add("--quick", action="store_true", help=f"the test's sizes: {QUICK}")
-  return parser
-
-
-def settings(argv=None) -> Settings:
-  """The command line's settings, `--quick`'s values over the others, with the warm-up steps (as
-  the embedding job counts them) and the steps both sides are scored at after step 0 (the job's:
-  every eval_every and the last)."""
-  s = _parser().parse_args(argv)
+  s = parser.parse_args(argv)
   if s.quick:
     vars(s).update(QUICK)
   s.warmup_steps = int(s.steps * s.warmup_proportion)

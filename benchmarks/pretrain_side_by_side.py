@@ -613,13 +613,10 @@ def markdown(args, config, result) -> str:
            f"{config.max_predictions_per_seq} predictions, lr {args.lr:g}, float32, "
            f"kernels={config.model.kernels}. {result['machine']}.", "",
            f"Dropout off, {p['steps']} steps (wall clock: bert_jax {p['seconds']['bert_jax']:.0f} "
-           f"s, PyTorch {p['seconds']['torch']:.0f} s):", "",
-           "| per step | max abs diff | max rel diff (step) | diff at last step |",
-           "|---|---|---|---|"]
-  for name in curves_of(config):
-    d = p["losses"][name]
-    lines.append(f"| {name} | {d['max_abs']:.2e} | {d['max_rel']:.2e} ({d['worst_step'] + 1}) | "
-                 f"{d['final_abs']:.2e} |")
+           f"s, PyTorch {p['seconds']['torch']:.0f} s):", ""] + bench_util.markdown_table(
+               ("per step", "max abs diff", "max rel diff (step)", "diff at last step"),
+               ([name, f"{d['max_abs']:.2e}", f"{d['max_rel']:.2e} ({d['worst_step'] + 1})",
+                 f"{d['final_abs']:.2e}"] for name, d in p["losses"].items()))
   q = p["params"]
   lines += ["", f"Final parameters ({q['tensors']} tensors): max abs diff {q['max_abs']:.2e} "
             f"(`{q['max_abs_name']}`), max per-tensor rel diff {q['max_rel']:.2e} "

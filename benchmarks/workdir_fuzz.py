@@ -263,7 +263,7 @@ class Fuzzer:
     if written or read:
       case.outcome = "outside touched"
       case.detail = ("written" if written else "read") + f": {self.outside}"
-    elif case.outcome:
+    elif case.outcome:   # a hang
       pass
     elif error is not None:
       words = _messages(error)
