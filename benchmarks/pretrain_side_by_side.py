@@ -37,9 +37,18 @@ from benchmarks import process_setup
 
 process_setup.prepare(main=__name__ == "__main__")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.io import checkpoints  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
+from bert_jax.tasks.jobs import pretraining, pretraining_data  # noqa: E402
+from experiments import pretrain_demo, pretrain_modernbert  # noqa: E402
 
 FAMILIES = ("bert", "modernbert")
 OPTIMIZERS = ("adamw", "stable_adamw")   # --family=modernbert's PyTorch sides
@@ -59,8 +68,6 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
                 lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto"):
   """The demo experiment (its corpus, vocabulary, predictions per sequence, optimizer), at
   `size`, dropout off, the schedule over exactly `steps` steps (the last step's rate near 0)."""
-  from bert_jax.model.config import BertConfig
-  from experiments import pretrain_demo
   c = pretrain_demo.get_config()
   shape = BertConfig.named(size)
   c.model.update(num_hidden_layers=shape.num_hidden_layers, hidden_size=shape.hidden_size,
@@ -87,7 +94,6 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   on the whole corpus, the model at MODERN_SHAPES[size] in float32 (rotary bases 160,000 and
   10,000, so a layer that took the other kind's table would show), dropout off, AdamW with bias
   correction, and the schedule over exactly `steps` steps."""
-  from experiments import pretrain_modernbert
   if size not in MODERN_SHAPES:
     raise ValueError(f"--size={size!r} with --family=modernbert: expected one of "
                      f"{sorted(MODERN_SHAPES)}")
@@ -133,7 +139,6 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
 
 def family_of(config) -> str:
   """`config.model`'s family, as the job reads it (a BERT model block need not name one)."""
-  from bert_jax.tasks.jobs import pretraining
   return pretraining.bert_config_from(config).architecture
 
 
@@ -157,7 +162,6 @@ def set_dropout(config, rate: float) -> None:
 def prepare_data(config, workdir: str) -> None:
   """Builds the demo corpus into WORKDIR/data once (later runs reuse it) and points config at it."""
   if config.data.prepare_demo_corpus:
-    from bert_jax.tasks.jobs import pretraining_data
     os.makedirs(workdir, exist_ok=True)
     config.update_from_flattened_dict(pretraining_data.data_changes(config, workdir))
 
@@ -173,8 +177,6 @@ def take_batches(config, count: int) -> List[Batch]:
 def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
   """`params` as the family's Hugging Face pre-training class (config.json + safetensors in
   `directory`), and the tensors written, by Hugging Face name (what is compared)."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.jobs import pretraining
   checkpoints.export_huggingface(pretraining.bert_config_from(config), params, directory)
   return checkpoints.load_safetensors(os.path.join(directory, "model.safetensors"))
 
@@ -185,8 +187,6 @@ def learning_rates(config, steps: int) -> np.ndarray:
   Jitted as in the train step: XLA's arithmetic can differ from eager's by an ulp (it did at
   1e-3 * 9 / 10), and the PyTorch side should apply the very same float32 values.
   """
-  import jax
-  from bert_jax.runtime import optim
   _, schedule = optim.create_optimizer(config, config.num_train_steps)
   schedule = jax.jit(schedule)
   return np.array([schedule(t) for t in range(steps)], np.float32)
@@ -214,10 +214,6 @@ def _progress(side: str, step: int, loss: float, start: float, every: int = 50) 
 def run_jax(config, params, batches: Sequence[Batch]) -> Run:
   """bert_jax's real train step and optimizer (the pre-training job's, placed and compiled as a
   run does: `runtime.job.state_and_step`) over `batches`, from `params`."""
-  import jax
-  from bert_jax import parallel
-  from bert_jax.runtime import job as jobs
-  from bert_jax.tasks import registry
   if config.grad_accum_steps != 1:
     raise ValueError("the PyTorch side takes one update per batch: grad_accum_steps=1")
   par = parallel.create(config)
@@ -357,7 +353,6 @@ def pad_inputs(config, batches: Sequence[Batch]) -> int:
   replacement puts it there; transformers' ModernBERT embedding (padding_idx) and bert_jax's give
   its row no lookup gradient, and a side without that fails the comparison
   (tests/test_modern_side_by_side.py)."""
-  from bert_jax.tasks.jobs import pretraining
   pad = getattr(pretraining.bert_config_from(config), "pad_token_id", 0)
   return int(sum(np.sum((b["input_ids"] == pad) & (b["input_mask"] == 1)) for b in batches))
 
@@ -556,8 +551,6 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
 
   Writes WORKDIR/hf_initial (the shared initial weights) and WORKDIR/hf_final_bert_jax.
   """
-  import jax
-  from bert_jax.tasks import registry
   if config.model.hidden_dropout_prob or config.model.attention_probs_dropout_prob:
     raise ValueError("parity needs dropout off (hidden and attention dropout 0)")
   # bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key).
