@@ -55,10 +55,26 @@ from benchmarks import process_setup
 
 process_setup.prepare(main=__name__ == "__main__")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
 from benchmarks.bench_util import read_json, write_json  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.families.modernbert.config import modern_counterpart  # noqa: E402
+from bert_jax.io import checkpoints, filesystem  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.runtime import batch_ramp  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.runtime.metric_writers import read_metrics  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
+from bert_jax.tasks.datasets import glue  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from bert_jax.text import tokenization  # noqa: E402
+from data_pipelines import build_vocab, create_pretraining_data, demo_corpus, packing  # noqa: E402
+from data_pipelines.sentences import split_sentences  # noqa: E402
+from experiments import glue as glue_experiment  # noqa: E402
+from experiments import pretrain_demo, pretraining_defaults  # noqa: E402
 
 SIDES = ("bert_jax", "bert_jax_modern")
 RECIPE = {"bert_jax": "bert", "bert_jax_modern": "modern"}
@@ -107,7 +123,6 @@ def file_sentences(text: str) -> Iterator[Optional[str]]:
       if line and not BRACKETED.match(line):
         yield None if len(line) <= 40 and HEADING.match(line) else clean(line)
     return
-  from data_pipelines.sentences import split_sentences
   kept = "\n".join(line for line in text.splitlines() if not SPEAKER.match(line.strip()))
   yield from map(clean, split_sentences(kept))
 
@@ -128,7 +143,6 @@ def write_corpus(args, train_path: str, eval_path: str) -> Dict[str, Dict[str, i
   input format; every `--holdout_every`-th to `eval_path`. Counts per split and source."""
   docs = [("text", d) for d in text_documents(args.text_dir, args.sentences_per_document)]
   if args.demo_documents >= 0:
-    from data_pipelines import demo_corpus
     docs += [("python_docs", d) for d in demo_corpus.documents(args.demo_documents)]
   order = list(range(len(docs)))
   random.Random(args.seed).shuffle(order)
@@ -187,7 +201,6 @@ def load_eval_sets(out: str) -> Dict[str, List[Batch]]:
 def write_records(args, tokenizer, suffix: str, **options) -> Dict[str, int]:
   """train/eval{suffix}.tfrecord from train/eval.txt (`--dupe_factor` passes over the training
   documents, one over the held-out ones), unmasked; instances and tokens per split."""
-  from data_pipelines import create_pretraining_data
   counts = {}
   for split in ("train", "eval"):
     stats = create_pretraining_data.create_pretraining_data(
@@ -201,8 +214,6 @@ def write_records(args, tokenizer, suffix: str, **options) -> Dict[str, int]:
 
 def prepare(args) -> dict:
   """OUT/data: corpus, vocabulary, both kinds of records, the two held-out sets (DONE.json)."""
-  from bert_jax.text import tokenization
-  from data_pipelines import build_vocab
   done = data_path(args.out, "DONE.json")
   if os.path.exists(done):
     print(f"{done} exists: the data is prepared", flush=True)
@@ -254,8 +265,6 @@ def prepare(args) -> dict:
 
 def bert_config(args, info: dict):
   """BERT's recipe: BERT-`--size` on the NSP pairs (steps and cadences set from the plan)."""
-  from bert_jax.model.config import BertConfig
-  from experiments import pretraining_defaults
   c = pretraining_defaults.get_config(args.size)
   shape = BertConfig.named(args.size)
   c.model.update(vocab_size=info["vocab_size"], num_hidden_layers=shape.num_hidden_layers,
@@ -282,9 +291,6 @@ def modern_config(args, info: dict):
   StableAdamW, warmup-stable-decay with a 1-sqrt decay to 0) with the ModernBERT-family model of
   BERT-`--size`'s size (`modern_counterpart`: the MLP's weights kept, every third layer global)
   on the contiguous rows (the ramp and the schedule's lengths set from the plan)."""
-  from bert_jax.families.modernbert.config import modern_counterpart
-  from bert_jax.model.config import BertConfig
-  from experiments import pretrain_demo
   c = pretrain_demo.modern_twin(quick=False)
   c.model.update(modern_counterpart(
       BertConfig.named(args.size), vocab_size=info["vocab_size"],
@@ -378,7 +384,6 @@ def make_ramp(start: int, batch: int, tokens: float, seq: int):
   """The batch ramp (`bert_jax.runtime.batch_ramp.BatchRamp`), or None when `start` is 0."""
   if not start:
     return None
-  from bert_jax.runtime import batch_ramp
   return batch_ramp.BatchRamp(start=start, final=batch, tokens=tokens, seq_len=seq)
 
 
@@ -425,8 +430,6 @@ def make_plan(args, side: str, calibration: Calibration, seq: int) -> Plan:
 def calibrate(args, info: dict, side: str) -> Calibration:
   """The side's speed: `registry.run_job` for 3 logging windows of `--calibration_steps`, at the
   full batch (no ramp), no evaluation or checkpoint."""
-  from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks import registry
   k = args.calibration_steps
   config = (modern_config if RECIPE[side] == "modern" else bert_config)(args, info)
   config.num_train_steps, config.warmup_steps, config.log_every_steps = 3 * k, k, k
@@ -459,9 +462,6 @@ def scorer(model, objective: str):
   `eval_step`, jitted once). Batches without NSP labels (the text set, documents as sequences)
   scored by a model with the NSP head give the masked-LM metrics alone (NSP labels of zeros,
   their terms left out)."""
-  import jax
-  from bert_jax.tasks.jobs import pretraining
-  from data_pipelines import packing
   step = jax.jit(functools.partial(pretraining.eval_step, model=model, objective=objective))
 
   def score(params, batches: Sequence[Batch]) -> Dict[str, float]:
@@ -493,7 +493,6 @@ def score_sets(score, params, eval_sets: Dict[str, Sequence[Batch]]) -> Dict[str
 
 
 def jax_params_from_workdir(workdir: str):
-  from bert_jax.io import checkpoints
   model_config, params = checkpoints.load_params_from_workdir(workdir)
   return checkpoints.to_model_layout(params, model_config)
 
@@ -501,7 +500,6 @@ def jax_params_from_workdir(workdir: str):
 def curve_of(workdir: str) -> List[dict]:
   """The held-out curve from the run's metrics.jsonl: each evaluation with the training clock of
   the training line logged at its step (`train_seconds`, continued by a resumed run)."""
-  from bert_jax.runtime.metric_writers import read_metrics
   seconds = {r["step"]: r["train_seconds"] for r in read_metrics(workdir, "train")}
   curve = []
   for record in read_metrics(workdir, "eval"):
@@ -516,10 +514,6 @@ def curve_of(workdir: str) -> List[dict]:
 def train(config, workdir: str, evaluate) -> dict:
   """`registry.run_job`, evaluating by `evaluate(params)` (the fixed held-out sets) every
   `config.eval_every_steps` instead of on the job's own held-out records."""
-  from bert_jax import parallel
-  from bert_jax.io import filesystem
-  from bert_jax.runtime import job as jobs
-  from bert_jax.tasks import registry
   job = registry.job(config, workdir)   # the records are given: nothing is built
   every_steps = config.eval_every_steps
   job = dataclasses.replace(job, evaluator=lambda trainer: lambda state, step: evaluate(
@@ -530,7 +524,6 @@ def train(config, workdir: str, evaluate) -> dict:
 def run_side(args, side: str) -> dict:
   """Pre-trains the side (resuming from OUT/<side>/workdir); OUT/<side>/curve.jsonl and
   summary.json."""
-  from bert_jax.tasks.jobs import pretraining
   side_dir = os.path.join(args.out, side)
   if os.path.exists(os.path.join(side_dir, "summary.json")):
     print(f"[{side}] {side_dir}/summary.json exists: done", flush=True)
@@ -597,7 +590,6 @@ def pretrained_sides(args) -> List[str]:
 def glue_config(args, side: str, task: str, train_examples: int):
   """One recipe for every checkpoint: bert_jax's GLUE fine-tuning of the side's workdir (the
   architecture is the checkpoint's)."""
-  from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task},seeds={args.seeds}")
   c.init_checkpoint = os.path.join(args.out, side, "workdir")
   c.tokenizer.vocab_file = data_path(args.out, "vocab.txt")
@@ -620,7 +612,6 @@ def tasks_of(args) -> List[str]:
 def finetune(args) -> dict:
   """Every task for every side of `pretrained_sides`, task by task (a stage cut short still
   leaves whole rows of the table); a finished task (its ttq.json) is not run again."""
-  from bert_jax.tasks.datasets import glue
   subsets = {name.strip(): int(value) for name, _, value in
              (item.partition("=") for item in args.ft_train_examples.split(",") if item)}
   sides = pretrained_sides(args)
@@ -740,7 +731,6 @@ def pretraining_table(sides: Dict[str, dict]) -> List[str]:
 def glue_tables(args, results: Dict[str, Dict[str, dict]], report: dict) -> List[str]:
   """Per task and on average, every side with fine-tuning results (the average over the tasks
   every such side has finished, so that the averages compare)."""
-  from bert_jax.tasks.datasets import glue
   pm = lambda spread: f"{spread['mean']:.1f} +- {spread['std']:.1f}"
   sides = [s for s in SIDES if results.get(s)]
   missing = [s for s in SIDES if s not in sides]
