@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Dict, List
 
+from benchmarks import bench_util
+
 SIDES = {"bert": "experiments/pretrain_demo.py",
          "modern": "experiments/pretrain_demo.py:recipe=modern"}
 QUICK = {"bert": "experiments/pretrain_demo.py:quick",
@@ -97,7 +99,6 @@ def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
 
 
 def plot(result: Dict, path: str) -> None:
-  from benchmarks import bench_util
   figure, axis = bench_util.pyplot().subplots(figsize=(6.4, 4.0))
   labels = {"bert": "BERT's recipe (the demo)", "modern": "the modern recipe (its twin)"}
   for name, side in result["sides"].items():
@@ -115,7 +116,6 @@ def plot(result: Dict, path: str) -> None:
 
 def report(out: str, sides: Dict[str, str], plot_path: str) -> Dict:
   """DIR/pair.json and the plot from DIR/runs.json and the workdirs."""
-  from benchmarks import bench_util
   runs = bench_util.read_json(os.path.join(out, "runs.json"))
   result = {"machine": runs.pop("machine"), "sides": {}}
   for name, run in runs.items():
@@ -139,7 +139,6 @@ def main():
   sides = {name: table[name] for name in args.sides.split(",")}
   if not args.report_only:
     os.makedirs(args.out, exist_ok=True)
-    from benchmarks import bench_util
     runs = {"machine": bench_util.machine_line().split(", load")[0]}
     for name, experiment in sides.items():
       workdir = os.path.join(args.out, name)

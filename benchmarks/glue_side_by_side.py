@@ -23,14 +23,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
+from bert_jax import tasks  # noqa: E402
+from bert_jax.io import checkpoints  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
+from bert_jax.tasks.datasets import glue  # noqa: E402
+from bert_jax.tasks.framework import finetuning  # noqa: E402
+from experiments import glue as glue_experiment  # noqa: E402
 from benchmarks.bench_util import minilm_checkpoint_dir as checkpoint_dir  # noqa: E402
 
 
 def jax_config(args, task: str, seed: int):
-  from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task}")
   c.init_checkpoint, c.data.glue_dir = checkpoint_dir(), args.glue_dir
   c.max_seq_length, c.global_batch_size, c.eval_batch_size = args.max_seq_length, args.batch, 64
@@ -43,7 +49,6 @@ def jax_config(args, task: str, seed: int):
 
 
 def run_jax(args, task: str, seed: int):
-  from bert_jax import tasks
   start = time.time()
   results = tasks.run(jax_config(args, task, seed), os.path.join(args.out, f"jax_{task}_{seed}"))
   return results["dev"], time.time() - start
@@ -51,10 +56,6 @@ def run_jax(args, task: str, seed: int):
 
 def initial_head(config, task):
   """The classifier bert_jax's loop initialises for this config (same rng path)."""
-  import jax
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.framework import finetuning
-  from bert_jax.tasks.datasets import glue
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, glue.GlueTask(config).make_head())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -68,10 +69,6 @@ def initial_head(config, task):
 def run_torch(args, task: str, seed: int):
   import torch
   import transformers
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.framework import finetuning
-  from bert_jax.tasks.datasets import glue
-  from bert_jax.runtime import optim
   torch.manual_seed(seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, task, seed)
@@ -152,7 +149,6 @@ def main():
   if not os.path.isdir(args.glue_dir):
     sys.exit(f"{args.glue_dir} not found: this benchmark needs the GLUE folder (../shared/data)")
   os.makedirs(args.out, exist_ok=True)
-  from bert_jax.tasks.datasets import glue
   rows, records = [], []
   for task in args.tasks.split(","):
     spec = glue.spec_for(task)

@@ -43,9 +43,15 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence
 
+import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache as cache
 
 from benchmarks import bench_util
+from bert_jax.io import checkpoints
+from bert_jax.tasks import registry
+from bert_jax.tasks.tools import fine_tuned
+from experiments import glue, pretrain_demo
 
 OUTSIDE = "outside.txt"
 OUTSIDE_TEXT = "a file outside the workdir\n"
@@ -181,8 +187,6 @@ def compilation_cache(directory: str):
   """JAX's persistent compilation cache in `directory` for every compile inside, however short
   or small (a run of a tiny model compiles in about a second: the default thresholds would keep
   it all out); on exit the settings as they were and the cache re-opened from them."""
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache as cache
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")
   before = {name: getattr(jax.config, name) for name in names}
@@ -323,9 +327,6 @@ def table(cases: Sequence[Case]) -> str:
 
 def pretraining_fuzzer(root: str, documents: int = 50, timeout: float = 120.0) -> Fuzzer:
   """The quick demo: 4 steps (checkpoints at 2 and 4), cases continued to 6."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks import registry
-  from experiments import pretrain_demo
 
   def config(steps):
     c = pretrain_demo.get_config("quick")
@@ -350,10 +351,6 @@ def glue_fuzzer(root: str, timeout: float = 120.0) -> Fuzzer:
   predictions written at the end), cases continued to 6. The result is the best model's
   parameters (best/, checked against the digests best.json records) and the dev metrics of
   results.json."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks import registry
-  from bert_jax.tasks.tools import fine_tuned
-  from experiments import glue
   from tests import finetuning_fixtures
   glue_dir = finetuning_fixtures.write_glue_dir(os.path.join(root, "glue"),
                                                 dict(train=16, dev=10))
