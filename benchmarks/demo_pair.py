@@ -63,24 +63,19 @@ def curve(workdir: str, started: float) -> List[Dict]:
   return [points[step] for step in sorted(points)]
 
 
-def side_config(experiment: str, workdir: str):
-  """The side's experiment config with its workdir's data (built by its run) filled in."""
-  import importlib
-  from bert_jax.tasks.jobs import pretraining
-  module, _, arg = experiment.partition(":")
-  config = importlib.import_module(module[:-len(".py")].replace("/", ".")).get_config(arg or None)
-  return pretraining.prepare(config, workdir)
-
-
 def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
   """Every side's final model scored on every side's held-out set (the BERT demo's NSP pairs,
   the twin's contiguous text; each masked once at 15%, the whole set): the comparison on the
   same instances. Both runs learn the vocabulary from the same corpus; if the files differ,
   nothing is scored across."""
+  import importlib
   from benchmarks import time_to_quality
   from bert_jax.tasks.jobs import pretraining
-  configs = {name: side_config(experiment, os.path.join(out, name))
-             for name, experiment in sides.items()}
+  configs = {}
+  for name, experiment in sides.items():   # its config with the data its run built filled in
+    module, _, arg = experiment.partition(":")
+    config = importlib.import_module(module[:-len(".py")].replace("/", ".")).get_config(arg or None)
+    configs[name] = pretraining.prepare(config, os.path.join(out, name))
   vocabularies = set()
   for config in configs.values():
     with open(config.tokenizer.vocab_file, "rb") as f:

@@ -159,13 +159,6 @@ def set_dropout(config, rate: float) -> None:
     config.model.attention_output_dropout_prob = rate
 
 
-def prepare_data(config, workdir: str) -> None:
-  """Builds the demo corpus into WORKDIR/data once (later runs reuse it) and points config at it."""
-  if config.data.prepare_demo_corpus:
-    os.makedirs(workdir, exist_ok=True)
-    config.update_from_flattened_dict(pretraining_data.data_changes(config, workdir))
-
-
 def take_batches(config, count: int) -> List[Batch]:
   """The first `count` training batches of bert_jax's pipeline, as numpy (what both sides see)."""
   batches = bench_util.pipeline_batches(config, count, training=True)
@@ -663,7 +656,8 @@ def main():
   config = (demo_config if args.family == "bert" else modern_config)(
       args.size, args.steps, args.batch, args.seq, args.lr, args.warmup, seed=args.seed,
       kernels=args.kernels, **(modern if args.family == "modernbert" else {}))
-  prepare_data(config, args.out)
+  if config.data.prepare_demo_corpus:   # the demo corpus built into OUT/data once, then reused
+    config.update_from_flattened_dict(pretraining_data.data_changes(config, args.out))
   batches = take_batches(config, args.steps)
   print(f"{len(batches)} batches of {args.batch} x {args.seq}; vocab {config.model.vocab_size}",
         flush=True)

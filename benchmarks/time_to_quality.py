@@ -486,12 +486,6 @@ def scorer(model, objective: str):
   return score
 
 
-def score_sets(score, params, eval_sets: Dict[str, Sequence[Batch]]) -> Dict[str, float]:
-  """Every set's metrics, prefixed with its name (`pairs_mlm_loss`, `text_mlm_accuracy`, ...)."""
-  return {f"{name}_{k}": v for name, batches in eval_sets.items()
-          for k, v in score(params, batches).items()}
-
-
 def jax_params_from_workdir(workdir: str):
   model_config, params = checkpoints.load_params_from_workdir(workdir)
   return checkpoints.to_model_layout(params, model_config)
@@ -543,7 +537,10 @@ def run_side(args, side: str) -> dict:
   # Fine-tuning finds the vocabulary beside the checkpoint: the workdir is self-contained.
   shutil.copy(data_path(args.out, "vocab.txt"), os.path.join(workdir, "vocab.txt"))
   score = scorer(pretraining.build_model(config), config.objective)
-  evaluate = functools.partial(score_sets, score, eval_sets=load_eval_sets(args.out))
+  eval_sets = load_eval_sets(args.out)
+  # Every set's metrics, prefixed with its name (`pairs_mlm_loss`, `text_mlm_accuracy`, ...).
+  evaluate = lambda params: {f"{name}_{k}": v for name, batches in eval_sets.items()
+                             for k, v in score(params, batches).items()}
   start = time.time()
   result = train(config, workdir, evaluate)
   curve = curve_of(workdir)
