@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import time
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Iterable, List, Sequence
 
 import numpy as np
 
@@ -65,13 +65,53 @@ def seed_spread(values: Sequence[float]) -> dict:
   return finetuning.seed_spread(values)
 
 
+def write_json(path: str, value) -> None:
+  """`value` as indented JSON at `path` (its folder made), whole or not at all (written aside,
+  then renamed: an interrupted run leaves no half file that a resume would read)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(value, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def read_json(path: str, *default):
+  """A JSON file, or a JSON-lines one (`.jsonl`) as a list; `default`, when given, where there is
+  no file."""
+  if default and not os.path.exists(path):
+    return default[0]
+  with open(path) as f:
+    return [json.loads(line) for line in f] if path.endswith(".jsonl") else json.load(f)
+
+
 def write_report(out: str, name: str, result: dict, table: str) -> None:
   """OUT/NAME.json (the whole result) and OUT/NAME.md (its markdown table, also printed)."""
-  with open(os.path.join(out, f"{name}.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  write_json(os.path.join(out, f"{name}.json"), result)
   with open(os.path.join(out, f"{name}.md"), "w") as f:
     f.write(table + "\n")
   print(table)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> List[str]:
+  """A markdown table's lines: the header, its rule, a line a row (cells as `str` writes them)."""
+  return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+      "| " + " | ".join(map(str, row)) + " |" for row in rows]
+
+
+def pyplot():
+  """matplotlib's pyplot on the file-only Agg backend (no display on these machines)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def save_figure(fig, path: str, dpi: int = 120) -> str:
+  """The figure laid out and written to `path` (its folder made), then closed."""
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=dpi)
+  pyplot().close(fig)
+  return path
 
 
 def machine_line() -> str:
@@ -151,18 +191,100 @@ def transformers_modernbert_mlm(bert_config, attn_implementation: str = "sdpa"):
   return transformers.ModernBertForMaskedLM(config).train()
 
 
-def torch_mlm_inputs(data: dict, device: str = "cpu", token_types: bool = False,
-                     nsp: bool = False) -> dict:
-  """`mlm_batch`'s numpy batch as a transformers masked-LM's keyword arguments (labels -100
-  outside the masked positions), with token types and NSP labels when asked."""
+def mlm_labels(batch: dict) -> np.ndarray:
+  """[B, S] labels for transformers' masked-LM loss: masked_lm_ids at the masked_lm_positions of
+  weight 1, -100 (ignored) everywhere else (a packed row's empty slots among them)."""
+  positions, ids = batch["masked_lm_positions"], batch["masked_lm_ids"]
+  weights = np.asarray(batch["masked_lm_weights"])
+  if not np.all((weights == 0) | (weights == 1)):
+    raise ValueError("labels carry no weights: masked_lm_weights must be 0 or 1")
+  labels = np.full(np.shape(batch["input_ids"]), -100, np.int64)
+  rows, slots = np.nonzero(weights)
+  labels[rows, positions[rows, slots]] = ids[rows, slots]
+  if np.sum(labels != -100) != len(rows):
+    raise ValueError("a position is masked twice in one row")
+  return labels
+
+
+def torch_inputs(batch: dict, device: str = "cpu", token_types: bool = True,
+                 labels: bool = False, nsp: bool = False) -> dict:
+  """A batch (numpy) as a transformers model's keyword arguments: ids and attention mask, then
+  what is asked for of token types, masked-LM labels (`mlm_labels`) and NSP labels."""
   import torch
-  labels = np.full(data["input_ids"].shape, -100, np.int64)                     # [B, S]
-  np.put_along_axis(labels, data["masked_lm_positions"], data["masked_lm_ids"], axis=1)
   as_long = lambda x: torch.tensor(np.asarray(x), dtype=torch.long, device=device)
-  inputs = {"input_ids": as_long(data["input_ids"]),
-            "attention_mask": as_long(data["input_mask"]), "labels": as_long(labels)}
+  inputs = {"input_ids": as_long(batch["input_ids"]),
+            "attention_mask": as_long(batch["input_mask"])}
   if token_types:
-    inputs["token_type_ids"] = as_long(data["segment_ids"])
+    inputs["token_type_ids"] = as_long(batch["segment_ids"])
+  if labels:
+    inputs["labels"] = as_long(mlm_labels(batch))
   if nsp:
-    inputs["next_sentence_label"] = as_long(data["next_sentence_labels"][:, 0])
+    inputs["next_sentence_label"] = as_long(batch["next_sentence_labels"][:, 0])
   return inputs
+
+
+def pipeline_batches(config, count: int, training: bool) -> List[dict]:
+  """The first `count` batches of bert_jax's pre-training pipeline for `config`, as numpy: the
+  training pipeline's, or (`training` False) the evaluation pipeline's, masked once."""
+  from bert_jax.tasks.jobs import pretraining
+  dataset = pretraining.input_pipeline_for(config, training=training, process_index=0,
+                                           process_count=1)
+  return [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+
+
+def jax_train_step(config, batch: dict):
+  """(run, job): `run(steps=1)` trains `steps` steps of the job `config` trains (`registry.job`,
+  placed and compiled as a run does: `runtime.job.state_and_step`) on `batch`, with one device
+  sync at the end, and returns the last step's metrics."""
+  import jax
+  from bert_jax import parallel
+  from bert_jax.runtime import job as jobs
+  from bert_jax.tasks import registry
+  job = registry.job(config)   # the very job a pre-training run trains
+  par = parallel.create(config)
+  state, step = jobs.state_and_step(job, par)
+  jax.block_until_ready(state)
+  data, rng, holder = par.put_batch(batch), jax.random.PRNGKey(1), [state]
+
+  def run(steps: int = 1):
+    for _ in range(steps):
+      holder[0], metrics = step(holder[0], data, rng)
+    metrics["loss"].block_until_ready()   # one sync per call, not per step
+    return metrics
+
+  return run, job
+
+
+def torch_train_step(model, optimizer, inputs: dict, clip: float = 0.0, bfloat16: bool = False,
+                     compiled: bool = False):
+  """`run(steps=1)`: `steps` optimizer steps of a transformers model on `inputs` (its own loss,
+  under bfloat16 autocast when asked, the gradient norm clipped to `clip` when > 0; the forward
+  through torch.compile when `compiled`), with one device sync at the end."""
+  import torch
+  device = next(model.parameters()).device.type
+  forward = torch.compile(model) if compiled else model
+
+  def run(steps: int = 1):
+    for _ in range(steps):
+      optimizer.zero_grad(set_to_none=True)
+      with torch.autocast(device, dtype=torch.bfloat16, enabled=bfloat16):
+        loss = forward(**inputs).loss
+      loss.backward()
+      if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+      optimizer.step()
+    if device == "cuda":
+      torch.cuda.synchronize()
+
+  return run
+
+
+def padded_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict:
+  """A random encoder batch (numpy) of rows of random length, half of `seq` to `seq` (some
+  padding, as real batches have), two segments a row."""
+  rng = np.random.RandomState(seed)
+  lengths = rng.randint(max(2, seq // 2), seq + 1, size=batch)                 # [B]
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)              # [B, S]
+  ids = rng.randint(1000, vocab, size=(batch, seq)).astype(np.int32) * mask
+  segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}

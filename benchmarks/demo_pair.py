@@ -7,11 +7,12 @@ Runs README's main job (`experiments/pretrain_demo.py`, BERT's recipe) and then 
 (`:recipe=modern`), each a fresh `python -m bert_jax.main` in DIR/bert and DIR/modern, and
 watches each run's `metrics.jsonl`: the wall-clock seconds since the command started at which
 every evaluation line appeared (data preparation, compiling and evaluation included, as a user
-waits for them). Both evaluate the same held-out documents at 15% masking, each in its own form (NSP pairs;
-contiguous text), so at the end each final model is also scored on the other's held-out set.
-Writes DIR/runs.json (each run's start and duration) as it goes, then DIR/pair.json (the curves,
-the cross scores) and the plot; `--report_only` redoes the report from DIR/runs.json. Time the pair on
-an otherwise idle machine: the comparison is at equal wall-clock time.
+waits for them). Both evaluate the same held-out documents at 15% masking, each in its own form
+(NSP pairs; contiguous text), so at the end each final model is also scored on the other's
+held-out set. Writes DIR/runs.json (each run's start and duration) as it goes, then DIR/pair.json
+(the curves, the cross scores) and the plot; `--report_only` redoes the report from
+DIR/runs.json. Time the pair on an otherwise idle machine: the comparison is at equal wall-clock
+time.
 """
 import argparse
 import json
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import time
 from typing import Dict, List
+
+from benchmarks import bench_util
 
 SIDES = {"bert": "experiments/pretrain_demo.py",
          "modern": "experiments/pretrain_demo.py:recipe=modern"}
@@ -60,24 +63,19 @@ def curve(workdir: str, started: float) -> List[Dict]:
   return [points[step] for step in sorted(points)]
 
 
-def side_config(experiment: str, workdir: str):
-  """The side's experiment config with its workdir's data (built by its run) filled in."""
-  import importlib
-  from bert_jax.tasks.jobs import pretraining
-  module, _, arg = experiment.partition(":")
-  config = importlib.import_module(module[:-len(".py")].replace("/", ".")).get_config(arg or None)
-  return pretraining.prepare(config, workdir)
-
-
 def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
   """Every side's final model scored on every side's held-out set (the BERT demo's NSP pairs,
   the twin's contiguous text; each masked once at 15%, the whole set): the comparison on the
   same instances. Both runs learn the vocabulary from the same corpus; if the files differ,
   nothing is scored across."""
+  import importlib
   from benchmarks import time_to_quality
   from bert_jax.tasks.jobs import pretraining
-  configs = {name: side_config(experiment, os.path.join(out, name))
-             for name, experiment in sides.items()}
+  configs = {}
+  for name, experiment in sides.items():   # its config with the data its run built filled in
+    module, _, arg = experiment.partition(":")
+    config = importlib.import_module(module[:-len(".py")].replace("/", ".")).get_config(arg or None)
+    configs[name] = pretraining.prepare(config, os.path.join(out, name))
   vocabularies = set()
   for config in configs.values():
     with open(config.tokenizer.vocab_file, "rb") as f:
@@ -96,34 +94,29 @@ def cross_scores(out: str, sides: Dict[str, str]) -> Dict:
 
 
 def plot(result: Dict, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  figure, axis = plt.subplots(figsize=(6.4, 4.0))
+  figure, axis = bench_util.pyplot().subplots(figsize=(6.4, 4.0))
   labels = {"bert": "BERT's recipe (the demo)", "modern": "the modern recipe (its twin)"}
   for name, side in result["sides"].items():
     minutes = [0.0] + [point["seconds"] / 60 for point in side["curve"]]
     accuracy = [0.0] + [point["mlm_accuracy"] for point in side["curve"]]
-    axis.plot(minutes, accuracy, marker="o", label=f"{labels[name]}: {side['seconds'] / 60:.1f} min")
-  axis.set_xlabel("wall-clock minutes since the command started")
-  axis.set_ylabel("held-out masked-LM accuracy (15%)")
+    axis.plot(minutes, accuracy, marker="o",
+              label=f"{labels[name]}: {side['seconds'] / 60:.1f} min")
+  axis.set(xlabel="wall-clock minutes since the command started",
+           ylabel="held-out masked-LM accuracy (15%)")
   axis.set_title(f"The demo and its modern twin ({result['machine']})", fontsize=9)
   axis.grid(alpha=0.3)
   axis.legend(loc="lower right")
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  bench_util.save_figure(figure, path)
 
 
 def report(out: str, sides: Dict[str, str], plot_path: str) -> Dict:
   """DIR/pair.json and the plot from DIR/runs.json and the workdirs."""
-  with open(os.path.join(out, "runs.json")) as f:
-    runs = json.load(f)
+  runs = bench_util.read_json(os.path.join(out, "runs.json"))
   result = {"machine": runs.pop("machine"), "sides": {}}
   for name, run in runs.items():
     result["sides"][name] = dict(run, curve=curve(os.path.join(out, name), run["started"]))
   result["cross_scores"] = cross_scores(out, {name: sides[name] for name in runs})
-  with open(os.path.join(out, "pair.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  bench_util.write_json(os.path.join(out, "pair.json"), result)
   plot(result, plot_path)
   return result
 
@@ -141,15 +134,13 @@ def main():
   sides = {name: table[name] for name in args.sides.split(",")}
   if not args.report_only:
     os.makedirs(args.out, exist_ok=True)
-    from benchmarks import bench_util
     runs = {"machine": bench_util.machine_line().split(", load")[0]}
     for name, experiment in sides.items():
       workdir = os.path.join(args.out, name)
       if os.path.exists(workdir):
         raise SystemExit(f"{workdir} exists: the pair is timed from fresh workdirs")
       runs[name] = run_side(name, workdir, experiment)
-      with open(os.path.join(args.out, "runs.json"), "w") as f:   # kept if the report fails
-        json.dump(runs, f, indent=1)
+      bench_util.write_json(os.path.join(args.out, "runs.json"), runs)   # kept if the report fails
   result = report(args.out, sides, args.plot)
   for name, side in result["sides"].items():
     print(json.dumps({"side": name, "seconds": side["seconds"], "final": side["curve"][-1],

@@ -60,7 +60,10 @@ QUICK = dict(train_pairs=16, test_queries=8, seeds=1, steps=2, batch=4, eval_eve
              modernbert_seeds=1)
 
 
-def _parser() -> argparse.ArgumentParser:
+def settings(argv=None) -> Settings:
+  """The command line's settings, `--quick`'s values over the others, with the warm-up steps (as
+  the embedding job counts them) and the steps both sides are scored at after step 0 (the job's:
+  every eval_every and the last)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add = parser.add_argument
   add("--squad_file", default=SQUAD_FILE, help="SQuAD v1.1 (JSON)")
@@ -89,14 +92,7 @@ def _parser() -> argparse.ArgumentParser:
   add("--modernbert_lr", type=float, default=1e-4, help="its peak learning rate")
   add("--modernbert_seeds", type=int, default=1, help="its seeds per side")
   add("--quick", action="store_true", help=f"the test's sizes: {QUICK}")
-  return parser
-
-
-def settings(argv=None) -> Settings:
-  """The command line's settings, `--quick`'s values over the others, with the warm-up steps (as
-  the embedding job counts them) and the steps both sides are scored at after step 0 (the job's:
-  every eval_every and the last)."""
-  s = _parser().parse_args(argv)
+  s = parser.parse_args(argv)
   if s.quick:
     vars(s).update(QUICK)
   s.warmup_steps = int(s.steps * s.warmup_proportion)
@@ -162,12 +158,14 @@ def prepare_data(s: Settings) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------------- models
 
 
-def _st_modules():
-  try:   # sentence-transformers 6 moved the modules (the old name warns)
-    from sentence_transformers.sentence_transformer import modules
+def _st(new: str, old: str):
+  """sentence-transformers' module `new` (version 6's place), or `old` before it (where the new
+  name is missing; the old one warns in 6)."""
+  import importlib
+  try:
+    return importlib.import_module(f"sentence_transformers.sentence_transformer.{new}")
   except ImportError:
-    from sentence_transformers import models as modules
-  return modules
+    return importlib.import_module(f"sentence_transformers.{old}")
 
 
 def sentence_transformers_folder(encoder: str, directory: str, max_seq_length: int) -> str:
@@ -183,7 +181,7 @@ def sentence_transformers_folder(encoder: str, directory: str, max_seq_length: i
     return encoder
   import sentence_transformers
   import transformers
-  modules = _st_modules()
+  modules = _st("modules", "models")
   hidden = transformers.AutoConfig.from_pretrained(encoder).hidden_size
   sentence_transformers.SentenceTransformer(
       modules=[modules.Transformer(encoder, max_seq_length=max_seq_length),
@@ -408,14 +406,6 @@ def step_timer():
   return StepTimer()
 
 
-def _st_losses():
-  try:   # sentence-transformers 6 moved them (the old name warns)
-    from sentence_transformers.sentence_transformer import losses
-  except ImportError:
-    from sentence_transformers import losses
-  return losses
-
-
 def train_sentence_transformers(folder: str, out: str, seed: int, columns: Dict[str, List[str]],
                                 batches: List[List[int]], arguments: Dict[str, Any],
                                 scale: float, max_seq_length: int) -> Dict[str, Any]:
@@ -435,7 +425,7 @@ def train_sentence_transformers(folder: str, out: str, seed: int, columns: Dict[
       args=SentenceTransformerTrainingArguments(
           output_dir=out, seed=seed, data_seed=seed, batch_sampler=SameBatches(batches),
           **arguments),
-      loss=_st_losses().MultipleNegativesRankingLoss(model, scale=scale))
+      loss=_st("losses", "losses").MultipleNegativesRankingLoss(model, scale=scale))
   trainer.train()
   return dict(loss=[r["loss"] for r in trainer.state.log_history if "loss" in r],
               step_seconds=timer.steps, batch_seconds=timer.gaps,
@@ -560,8 +550,7 @@ def run(s: Settings) -> Dict[str, Any]:
   for model in models(s):
     result["models"][model.name] = compare(s, model, data)
   result.update(seconds=time.time() - start, load_average=[load, _load()])
-  with open(os.path.join(s.out, "results.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  bench_util.write_json(os.path.join(s.out, "results.json"), result)
   with open(os.path.join(s.out, "embedding_side_by_side.md"), "w") as f:
     f.write(markdown(result) + "\n")
   plot(result, os.path.join(s.out, "embedding_side_by_side.png"))
@@ -583,28 +572,22 @@ def markdown(result: Dict) -> str:
            f"questions / paragraphs cut at {s['max_query_length']} / {s['max_seq_length']} "
            f"tokens (bert_jax's batches in buckets of {s.get('length_bucket', 0)}); "
            f"test: {result['data']['test_queries']} questions against "
-           f"{result['data']['test_documents']} paragraphs. {result['machine']}.", "",
-           "| model | side | seeds | nDCG@10 before | nDCG@10 after | MRR@10 after | "
-           "Recall@100 after | steps/s | bert_jax / s-t |", "|---|---|---|---|---|---|---|---|---|"]
-  for name, row in result["models"].items():
-    summary = row["summary"]
-    for side in SIDES:
-      before = row["runs"][side][0]["curve"][0]["nDCG@10"]
-      ratio = f"**{summary['speed_ratio']:.2f}x**" if side == "bert_jax" else ""
-      lines.append(f"| {name} | {NAMES[side]} | {row['seeds']} | {before:.4f} | "
-                   f"{_pm(summary[side]['nDCG@10'])} | {_pm(summary[side]['MRR@10'])} | "
-                   f"{_pm(summary[side]['Recall@100'])} | "
-                   f"{_pm(summary[side]['steps_per_sec'], 3)} | {ratio} |")
+           f"{result['data']['test_documents']} paragraphs. {result['machine']}.", ""]
+  lines += bench_util.markdown_table(
+      ("model", "side", "seeds", "nDCG@10 before", "nDCG@10 after", "MRR@10 after",
+       "Recall@100 after", "steps/s", "bert_jax / s-t"),
+      ([name, NAMES[side], row["seeds"], f"{row['runs'][side][0]['curve'][0]['nDCG@10']:.4f}"]
+       + [_pm(row["summary"][side][metric]) for metric in METRICS]
+       + [_pm(row["summary"][side]["steps_per_sec"], 3),
+          f"**{row['summary']['speed_ratio']:.2f}x**" if side == "bert_jax" else ""]
+       for name, row in result["models"].items() for side in SIDES))
   return "\n".join(lines)
 
 
 def plot(result: Dict, path: str) -> str:
   """nDCG@10 by step, one panel per row: each seed a thin line, the mean over seeds bold."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   rows = result["models"]
-  fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
+  fig, axes = bench_util.pyplot().subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
   # sentence-transformers dashed: where the two sides agree (ModernBERT, no dropout) its line
   # lies on bert_jax's and both stay visible.
   styles = {"bert_jax": ("tab:blue", "-"), "sentence_transformers": ("tab:orange", "--")}
@@ -620,10 +603,7 @@ def plot(result: Dict, path: str) -> str:
               color=color, linestyle=style, linewidth=2.5, label=NAMES[side])
     ax.set(title=f"{name}: {row['seeds']} seed(s) per side", xlabel="step", ylabel="nDCG@10")
     ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return bench_util.save_figure(fig, path)
 
 
 def main():

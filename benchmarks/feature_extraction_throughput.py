@@ -38,15 +38,6 @@ def checkpoint_dir(name: str, tmp: str) -> str:
   return directory
 
 
-def make_batch(batch: int, seq: int, vocab: int):
-  rng = np.random.RandomState(0)
-  lengths = rng.randint(seq // 2, seq + 1, size=batch)          # some padding, as real batches
-  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
-  ids = rng.randint(1000, vocab, size=(batch, seq)).astype(np.int32) * mask
-  segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
-  return ids, mask, segments
-
-
 def bench(name: str, batch: int, seq: int, rounds: int, steps: int, threads: int):
   import torch
   import transformers
@@ -57,17 +48,16 @@ def bench(name: str, batch: int, seq: int, rounds: int, steps: int, threads: int
     theirs = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
   model = post_ln.BertModel(config)
   params = jax.device_put(params["bert"])
-  ids, mask, segments = make_batch(batch, seq, config.vocab_size)
+  inputs = bench_util.padded_batch(batch, seq, config.vocab_size)
+  mask = inputs["input_mask"]
 
   @jax.jit
   def ours(params, ids, mask, segments):
     out = model.apply({"params": params}, ids, mask, segments)
     return out["sequence_output"], out["pooled_output"]         # [B, S, H], [B, H]
 
-  args = [jax.device_put(x) for x in (ids, mask, segments)]
-  t_inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
-              "attention_mask": torch.tensor(mask, dtype=torch.long),
-              "token_type_ids": torch.tensor(segments, dtype=torch.long)}
+  args = [jax.device_put(inputs[k]) for k in ("input_ids", "input_mask", "segment_ids")]
+  t_inputs = bench_util.torch_inputs(inputs)
 
   def run_theirs():
     with torch.inference_mode():

@@ -15,7 +15,6 @@ metric. The PyTorch side is a plain loop over `BertForSequenceClassification`.
 Results (a table to paste into benchmarks/RESULTS.md) go to OUT/side_by_side.md and .json.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,14 +23,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import bench_util  # noqa: E402
+from bert_jax import tasks  # noqa: E402
+from bert_jax.io import checkpoints  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
+from bert_jax.tasks.datasets import glue  # noqa: E402
+from bert_jax.tasks.framework import finetuning  # noqa: E402
+from experiments import glue as glue_experiment  # noqa: E402
 from benchmarks.bench_util import minilm_checkpoint_dir as checkpoint_dir  # noqa: E402
-from benchmarks.bench_util import torch_adamw  # noqa: E402
 
 
 def jax_config(args, task: str, seed: int):
-  from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task}")
   c.init_checkpoint, c.data.glue_dir = checkpoint_dir(), args.glue_dir
   c.max_seq_length, c.global_batch_size, c.eval_batch_size = args.max_seq_length, args.batch, 64
@@ -44,7 +49,6 @@ def jax_config(args, task: str, seed: int):
 
 
 def run_jax(args, task: str, seed: int):
-  from bert_jax import tasks
   start = time.time()
   results = tasks.run(jax_config(args, task, seed), os.path.join(args.out, f"jax_{task}_{seed}"))
   return results["dev"], time.time() - start
@@ -52,10 +56,6 @@ def run_jax(args, task: str, seed: int):
 
 def initial_head(config, task):
   """The classifier bert_jax's loop initialises for this config (same rng path)."""
-  import jax
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.framework import finetuning
-  from bert_jax.tasks.datasets import glue
   loaded_config, _ = checkpoints.load_pretrained(config.init_checkpoint)
   model = finetuning.FineTuningModel(loaded_config, glue.GlueTask(config).make_head())
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -69,10 +69,6 @@ def initial_head(config, task):
 def run_torch(args, task: str, seed: int):
   import torch
   import transformers
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.framework import finetuning
-  from bert_jax.tasks.datasets import glue
-  from bert_jax.runtime import optim
   torch.manual_seed(seed)
   torch.set_num_threads(args.threads)
   config = jax_config(args, task, seed)
@@ -93,24 +89,19 @@ def run_torch(args, task: str, seed: int):
   with torch.no_grad():
     model.classifier.weight.copy_(torch.from_numpy(kernel.T))
     model.classifier.bias.copy_(torch.from_numpy(bias))
-  opt = torch_adamw(model, args.lr)
+  opt = bench_util.torch_adamw(model, args.lr)
   num_rows = len(train["input_ids"])
   steps = max(1, int(num_rows * args.epochs / args.batch))
   warmup = int(steps * config.warmup_proportion)
   schedule = optim.bert_schedule(args.lr, warmup, steps)
   sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: float(schedule(s)) / args.lr)
   order = finetuning.TrainOrder(num_rows, args.batch, seed)
-  tensor = lambda a, idx: torch.from_numpy(np.asarray(a[idx]).astype(np.int64))
-
-  def batch_inputs(arrays, idx):
-    return dict(input_ids=tensor(arrays["input_ids"], idx),
-                attention_mask=tensor(arrays["input_mask"], idx),
-                token_type_ids=tensor(arrays["segment_ids"], idx))
+  batch_inputs = lambda arrays, idx: bench_util.torch_inputs({k: v[idx] for k, v in arrays.items()})
 
   def labels(arrays, idx):
     if spec.is_regression:
       return torch.from_numpy(arrays["label_values"][idx])
-    return tensor(arrays["label_ids"], idx)
+    return torch.from_numpy(np.asarray(arrays["label_ids"][idx]).astype(np.int64))
 
   def evaluate():
     model.eval()
@@ -158,7 +149,6 @@ def main():
   if not os.path.isdir(args.glue_dir):
     sys.exit(f"{args.glue_dir} not found: this benchmark needs the GLUE folder (../shared/data)")
   os.makedirs(args.out, exist_ok=True)
-  from bert_jax.tasks.datasets import glue
   rows, records = [], []
   for task in args.tasks.split(","):
     spec = glue.spec_for(task)
@@ -166,19 +156,15 @@ def main():
       jax_dev, jax_s = run_jax(args, task, seed)
       torch_dev, torch_s = run_torch(args, task, seed)
       for m in spec.metrics:
-        diff = 100 * (jax_dev[m] - torch_dev[m])
-        rows.append(f"| {spec.folder} | {seed} | {m} | {100 * jax_dev[m]:.1f} | "
-                    f"{100 * torch_dev[m]:.1f} | {diff:+.1f} | {jax_s:.0f} / {torch_s:.0f} s |")
+        rows.append([spec.folder, seed, m, f"{100 * jax_dev[m]:.1f}", f"{100 * torch_dev[m]:.1f}",
+                     f"{100 * (jax_dev[m] - torch_dev[m]):+.1f}", f"{jax_s:.0f} / {torch_s:.0f} s"])
       records.append(dict(task=task, seed=seed, jax=jax_dev, torch=torch_dev, jax_seconds=jax_s,
                           torch_seconds=torch_s))
-      print(rows[-1], flush=True)
-  table = "\n".join(["| task | seed | metric | bert_jax | transformers | diff (points) | "
-                     "wall clock jax / torch |", "|---|---|---|---|---|---|---|"] + rows)
-  with open(os.path.join(args.out, "side_by_side.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
-    json.dump(dict(args=vars(args), results=records), f, indent=2)
-  print(table)
+      print(*rows[-1], sep=" | ", flush=True)
+  table = bench_util.markdown_table(("task", "seed", "metric", "bert_jax", "transformers",
+                                     "diff (points)", "wall clock jax / torch"), rows)
+  bench_util.write_report(args.out, "side_by_side", dict(args=vars(args), results=records),
+                          "\n".join(table))
 
 
 if __name__ == "__main__":

@@ -32,14 +32,10 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.55")  # the PyTorch peer needs the rest
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
-from bert_jax import parallel  # noqa: E402
 from bert_jax.model import flops, kernels, layers  # noqa: E402
-from bert_jax.runtime import job as jobs  # noqa: E402
-from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.tasks.jobs import pretraining  # noqa: E402
 from bert_jax.families.modernbert.config import modern_counterpart  # noqa: E402
 from bert_jax.model.config import BertConfig  # noqa: E402
@@ -50,7 +46,7 @@ VOCAB = 30522
 MODERN_VOCAB, MODERN_MASK_RATE = 50368, 0.30   # ModernBERT's padded vocabulary and masking rate
 # Nominal dense bfloat16 tensor-core peaks (vendor data sheets), FLOP/s.
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12}
-CLS, SEP, MASK = 101, 102, 103
+CLS, SEP = 101, 102
 
 
 def nominal_peak(device_kind: str) -> float:
@@ -103,17 +99,13 @@ def make_batch(args, packed: bool, rng):
           len(examples) / len(rows), lengths)
 
 
-def model_flops(layers, hidden, seq_lengths_per_row, predictions, pairs, rows, seq=None):
-  """Training FLOPs (`bert_jax.model.flops`) of the encoder over the given sequences, the
-  masked-only MLM head and the pooler/NSP. `seq` set: every row counts as `seq` long with one S^2
-  attention."""
-  if seq is not None:
-    tokens, attention = rows * seq, rows * seq * seq
-  else:
-    tokens = float(np.sum(seq_lengths_per_row))
-    attention = float(np.sum(np.square(seq_lengths_per_row)))
-  return flops.training_flops(layers, hidden, 4 * hidden, VOCAB, tokens=tokens,
-                              attention_pairs=attention, predictions=predictions, pairs=pairs)
+def model_flops(layers, hidden, lengths, predictions, pairs):
+  """Training FLOPs (`bert_jax.model.flops`) of the encoder over sequences of `lengths`, each
+  attending within itself, the masked-only MLM head and the pooler/NSP."""
+  lengths = np.asarray(lengths, np.float64)
+  return flops.training_flops(layers, hidden, 4 * hidden, VOCAB, tokens=float(lengths.sum()),
+                              attention_pairs=float(np.square(lengths).sum()),
+                              predictions=predictions, pairs=pairs)
 
 
 # --variants: config.model overrides, each compiled in the same process and timed in the same
@@ -136,14 +128,8 @@ VARIANTS = {"current": {}, "tuned": {"kernels": "tuned"},
 
 def jax_config(args, overrides=()):
   c = pretraining_defaults.get_config(args.size)
-  c.model.vocab_size = VOCAB
-  c.model.dtype = args.dtype
-  c.model.max_position_embeddings = max(512, args.seq)
-  if args.hidden_dropout >= 0:
-    c.model.hidden_dropout_prob = args.hidden_dropout
-  if args.attention_dropout >= 0:  # 0 lets cuDNN's fused attention run in training (GPU)
-    c.model.attention_probs_dropout_prob = args.attention_dropout
-  c.model.update(dict(overrides))
+  c.model.update(vocab_size=VOCAB, dtype=args.dtype, max_position_embeddings=max(512, args.seq),
+                 **dict(overrides))
   c.max_seq_length, c.max_predictions_per_seq = args.seq, args.max_pred
   c.global_batch_size = args.batch
   c.num_train_steps, c.warmup_steps = 10_000, 100
@@ -163,7 +149,9 @@ def modern_bert_config(args) -> BertConfig:
   return config.replace(local_attention=args.local_attention or config.local_attention)
 
 
-def modern_jax_config(args, overrides=()):
+def family_config(args, overrides=()):
+  if args.family == "bert":
+    return jax_config(args, overrides)
   c = bench_util.modern_pretraining_config(modern_bert_config(args), dtype=args.dtype,
                                            seq=args.seq, batch=args.batch,
                                            predictions=args.max_pred)
@@ -171,40 +159,23 @@ def modern_jax_config(args, overrides=()):
   return c
 
 
-def family_config(args, overrides=()):
-  return (modern_jax_config if args.family == "modernbert" else jax_config)(args, overrides)
-
-
 def jax_step(args, batch, variant="current"):
   """A callable running `steps` train steps of `variant` (compiled here), and its attention."""
   c = family_config(args, VARIANTS[variant])
-  job = registry.job(c)   # the very job a pre-training run trains
-  par = parallel.create(c)
   start = time.perf_counter()
-  # Placed and compiled as the run does: the job's state shardings, the strategy's step.
-  state, step = jobs.state_and_step(job, par)
-  jax.block_until_ready(state)
+  run, _ = bench_util.jax_train_step(c, batch)
   print(f"[{variant}] init (compile + run): {time.perf_counter() - start:.1f} s", flush=True)
-  device_batch = par.put_batch(batch)
-  rng = jax.random.PRNGKey(1)
   start = time.perf_counter()
-  state, metrics = step(state, device_batch, rng)
-  implementation = layers.attention_kind(pretraining.bert_config_from(c), deterministic=False,
-                                         seq_len=args.seq)
+  loss = float(run()["loss"])
   print(f"[{variant}] first step (compile + run): {time.perf_counter() - start:.1f} s, loss "
-        f"{float(metrics['loss']):.3f}", flush=True)
-  holder = [state]
-
-  def run(steps):
-    for _ in range(steps):
-      holder[0], metrics = step(holder[0], device_batch, rng)
-    metrics["loss"].block_until_ready()  # one sync per round, not per step
-
-  return run, implementation
+        f"{loss:.3f}", flush=True)
+  return run, layers.attention_kind(pretraining.bert_config_from(c), deterministic=False,
+                                    seq_len=args.seq)
 
 
 def torch_step(args, batch):
-  import torch
+  """transformers' BertForPreTraining of the same shapes on the same batch (bf16 autocast, the
+  same AdamW, clipping at 1)."""
   import transformers
   named = BertConfig.named(args.size)
   layers, hidden = named.num_hidden_layers, named.hidden_size
@@ -212,27 +183,9 @@ def torch_step(args, batch):
                                    num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
                                    max_position_embeddings=max(512, args.seq))
   model = transformers.BertForPreTraining(config).cuda().train()
-  opt = bench_util.torch_adamw(model, lr=1e-4)
-  labels = np.full(batch["input_ids"].shape, -100, np.int64)
-  for row, (pos, ids, w) in enumerate(zip(batch["masked_lm_positions"], batch["masked_lm_ids"],
-                                          batch["masked_lm_weights"])):
-    labels[row, pos[w > 0]] = ids[w > 0]
-  cuda = lambda x: torch.tensor(np.asarray(x), dtype=torch.long).cuda()
-  inputs = {"input_ids": cuda(batch["input_ids"]), "attention_mask": cuda(batch["input_mask"]),
-            "token_type_ids": cuda(batch["segment_ids"]), "labels": cuda(labels),
-            "next_sentence_label": cuda(batch["next_sentence_labels"][:, 0])}
-
-  def run(steps):
-    for _ in range(steps):
-      opt.zero_grad(set_to_none=True)
-      with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(**inputs).loss
-      loss.backward()
-      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-      opt.step()
-    torch.cuda.synchronize()
-
-  return run
+  inputs = bench_util.torch_inputs(batch, device="cuda", labels=True, nsp=True)
+  return bench_util.torch_train_step(model, bench_util.torch_adamw(model, lr=1e-4), inputs,
+                                     clip=1.0, bfloat16=True)
 
 
 def torch_modern_step(args, batch, compiled: bool):
@@ -246,20 +199,21 @@ def torch_modern_step(args, batch, compiled: bool):
   model = bench_util.transformers_modernbert_mlm(modern_bert_config(args), "sdpa").to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                           weight_decay=1e-5)
-  inputs = bench_util.torch_mlm_inputs(batch, device=device)
-  forward = torch.compile(model) if compiled else model
+  inputs = bench_util.torch_inputs(batch, device=device, token_types=False, labels=True)
+  return bench_util.torch_train_step(model, opt, inputs,
+                                     bfloat16=args.dtype == "bfloat16", compiled=compiled)
 
-  def run(steps):
-    for _ in range(steps):
-      opt.zero_grad(set_to_none=True)
-      with torch.autocast(device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
-        loss = forward(**inputs).loss
-      loss.backward()
-      opt.step()
-    if device == "cuda":
-      torch.cuda.synchronize()
 
-  return run
+def timed(args, fns) -> dict:
+  """Seconds per step of each callable (`fn(steps)`), `--steps` a round, in interleaved rounds;
+  then, with `--profile`, 3 steps of the first (the first variant) under the profiler (a Perfetto
+  trace for a per-kernel breakdown)."""
+  sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
+                                    rounds=args.rounds, steps=1, warmup=1)
+  if args.profile:
+    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+      next(iter(fns.values()))(3)
+  return {k: v / args.steps for k, v in sec.items()}
 
 
 def run_modern(args, kind: str, peak: float, matmul: float) -> None:
@@ -272,16 +226,12 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     raise SystemExit("--peer=torch_compile needs Triton (torch.compile's GPU kernels): run "
                      "with BERT_JAX_ALLOW_TRITON=1")
   batch = bench_util.mlm_batch(args.batch, args.seq, args.max_pred,
-                                      modern_bert_config(args).vocab_size)
+                               modern_bert_config(args).vocab_size)
   variants = args.variants.split(",")
-  fns, implementation = {}, {}
-  for variant in variants:
-    fns[variant], implementation[variant] = jax_step(args, batch, variant)
+  fns, implementation = jax_steps(args, batch, variants)
   for peer in peers:
     fns[peer] = torch_modern_step(args, batch, compiled=peer == "torch_compile")
-  sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
-                                    rounds=args.rounds, steps=1, warmup=1)
-  sec = {k: v / args.steps for k, v in sec.items()}
+  sec = timed(args, fns)
   needed = flops.modern_training_flops(modern_bert_config(args), rows=args.batch,
                                        seq_len=args.seq, predictions=args.batch * args.max_pred)
   for side in variants + peers:
@@ -295,17 +245,13 @@ def run_modern(args, kind: str, peak: float, matmul: float) -> None:
     result.update({f"ratio_vs_{peer}": round(sec[peer] / sec[side], 2)
                    for peer in peers if side in variants})
     print(json.dumps(result), flush=True)
-  if args.profile:
-    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-      fns[variants[0]](3)
 
 
-def bf16_matmul_flops_per_sec(n: int) -> float:
-  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.bfloat16)
-  f = jax.jit(lambda x: x @ x)
-  sec = bench_util.interleaved_best({"mm": lambda: f(a).block_until_ready()}, rounds=3,
-                                    steps=10)["mm"]
-  return 2 * n ** 3 / sec
+def jax_steps(args, batch, variants):
+  """({variant: its step callable}, {variant: its attention implementation})."""
+  steps = {variant: jax_step(args, batch, variant) for variant in variants}
+  return ({v: run for v, (run, _) in steps.items()},
+          {v: attention for v, (_, attention) in steps.items()})
 
 
 def save_lengths(pattern: str, out: str) -> None:
@@ -343,10 +289,6 @@ def main():
                       help="torch or none; modernbert: a comma list of torch, torch_compile")
   parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--hidden_dropout", type=float, default=-1,
-                      help="override hidden_dropout_prob (-1: the model's 0.1)")
-  parser.add_argument("--attention_dropout", type=float, default=-1,
-                      help="override attention_probs_dropout_prob (-1: the model's 0.1)")
   parser.add_argument("--prng", default="rbg", choices=["threefry2x32", "rbg", "unsafe_rbg"],
                       help="jax_default_prng_impl (initialisation and dropout); threefry's "
                            "BERT-base initialisation takes ~4 min to compile on an H100")
@@ -365,7 +307,7 @@ def main():
   args.max_pairs = args.max_pairs or max(2, args.seq // 32)
   kind = jax.devices()[0].device_kind
   peak = nominal_peak(kind)
-  matmul = bf16_matmul_flops_per_sec(args.matmul_n)
+  matmul = bench_util.matmul_flops_per_sec(args.matmul_n, dtype="bfloat16")
   print(f"{bench_util.machine_line()}; bf16 {args.matmul_n}^3 matmul {matmul / 1e12:.0f} TFLOP/s; "
         f"nominal peak {peak / 1e12:.0f} TFLOP/s", flush=True)
   if args.family == "modernbert":
@@ -376,26 +318,22 @@ def main():
     rng = np.random.RandomState(0)
     batch, tokens_per_row, pairs_per_row, lengths = make_batch(args, packed, rng)
     variants = args.variants.split(",")
-    fns, implementation = {}, {}
-    for variant in variants:
-      fns[variant], implementation[variant] = jax_step(args, batch, variant)
+    fns, implementation = jax_steps(args, batch, variants)
     if args.peer == "torch" and not packed:
       fns["torch"] = torch_step(args, batch)
-    sec = bench_util.interleaved_best({k: functools.partial(f, args.steps) for k, f in fns.items()},
-                                      rounds=args.rounds, steps=1, warmup=1)
-    sec = {k: v / args.steps for k, v in sec.items()}
+    sec = timed(args, fns)
     predictions_per_row = float(np.mean([min(args.max_pred, max(1, round(0.15 * n)))
                                          for n in lengths])) * pairs_per_row
     # Computed: every row position, every prediction slot and every [CLS] slot of the rows.
     slots_per_row = args.max_pred + args.max_pairs if packed else args.max_pred
     cls_per_row = args.max_pairs if packed else 1
-    computed = model_flops(layers, hidden, None, args.batch * slots_per_row,
-                           args.batch * cls_per_row, args.batch, seq=args.seq)
+    computed = model_flops(layers, hidden, [args.seq] * args.batch, args.batch * slots_per_row,
+                           args.batch * cls_per_row)
     # Useful: the real pairs of one step's worth of rows, each attending within itself.
     pairs = args.batch * pairs_per_row
     scale = pairs / len(lengths)
-    useful = scale * model_flops(layers, hidden, lengths, 0, 0, 0) + model_flops(
-        layers, hidden, [], args.batch * predictions_per_row, pairs, 0)
+    useful = scale * model_flops(layers, hidden, lengths, 0, 0) + model_flops(
+        layers, hidden, [], args.batch * predictions_per_row, pairs)
     for variant in variants:
       seconds, c = sec[variant], jax_config(args, VARIANTS[variant])
       result = {"device": kind, "size": args.size, "seq": args.seq, "batch_rows": args.batch,
@@ -416,9 +354,6 @@ def main():
         result.update(torch_steps_per_sec=round(1 / sec["torch"], 3),
                       ratio_vs_torch=round(sec["torch"] / seconds, 2))
       print(json.dumps(result), flush=True)
-    if args.profile:  # a few steps under the profiler (Perfetto trace) for a per-kernel breakdown
-      with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-        fns[variants[0]](3)
 
 
 if __name__ == "__main__":

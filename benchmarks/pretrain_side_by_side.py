@@ -37,9 +37,18 @@ from benchmarks import process_setup
 
 process_setup.prepare(main=__name__ == "__main__")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.io import checkpoints  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.runtime import optim  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
+from bert_jax.tasks.jobs import pretraining, pretraining_data  # noqa: E402
+from experiments import pretrain_demo, pretrain_modernbert  # noqa: E402
 
 FAMILIES = ("bert", "modernbert")
 OPTIMIZERS = ("adamw", "stable_adamw")   # --family=modernbert's PyTorch sides
@@ -59,8 +68,6 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
                 lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto"):
   """The demo experiment (its corpus, vocabulary, predictions per sequence, optimizer), at
   `size`, dropout off, the schedule over exactly `steps` steps (the last step's rate near 0)."""
-  from bert_jax.model.config import BertConfig
-  from experiments import pretrain_demo
   c = pretrain_demo.get_config()
   shape = BertConfig.named(size)
   c.model.update(num_hidden_layers=shape.num_hidden_layers, hidden_size=shape.hidden_size,
@@ -87,7 +94,6 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   on the whole corpus, the model at MODERN_SHAPES[size] in float32 (rotary bases 160,000 and
   10,000, so a layer that took the other kind's table would show), dropout off, AdamW with bias
   correction, and the schedule over exactly `steps` steps."""
-  from experiments import pretrain_modernbert
   if size not in MODERN_SHAPES:
     raise ValueError(f"--size={size!r} with --family=modernbert: expected one of "
                      f"{sorted(MODERN_SHAPES)}")
@@ -133,7 +139,6 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
 
 def family_of(config) -> str:
   """`config.model`'s family, as the job reads it (a BERT model block need not name one)."""
-  from bert_jax.tasks.jobs import pretraining
   return pretraining.bert_config_from(config).architecture
 
 
@@ -154,37 +159,17 @@ def set_dropout(config, rate: float) -> None:
     config.model.attention_output_dropout_prob = rate
 
 
-def prepare_data(config, workdir: str) -> None:
-  """Builds the demo corpus into WORKDIR/data once (later runs reuse it) and points config at it."""
-  if config.data.prepare_demo_corpus:
-    from bert_jax.tasks.jobs import pretraining_data
-    os.makedirs(workdir, exist_ok=True)
-    config.update_from_flattened_dict(pretraining_data.data_changes(config, workdir))
-
-
 def take_batches(config, count: int) -> List[Batch]:
   """The first `count` training batches of bert_jax's pipeline, as numpy (what both sides see)."""
-  from bert_jax.tasks.jobs import pretraining
-  dataset = pretraining.input_pipeline_for(config, training=True, process_index=0,
-                                           process_count=1)
-  batches = [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+  batches = bench_util.pipeline_batches(config, count, training=True)
   if len(batches) != count:
     raise ValueError(f"the pipeline gave {len(batches)} batches, {count} asked for")
   return batches
 
 
-def initial_params(config):
-  """bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key)."""
-  import jax
-  from bert_jax.tasks import registry
-  return jax.device_get(registry.job(config).init_state().params)
-
-
 def exported(config, params, directory: str) -> Dict[str, np.ndarray]:
   """`params` as the family's Hugging Face pre-training class (config.json + safetensors in
   `directory`), and the tensors written, by Hugging Face name (what is compared)."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks.jobs import pretraining
   checkpoints.export_huggingface(pretraining.bert_config_from(config), params, directory)
   return checkpoints.load_safetensors(os.path.join(directory, "model.safetensors"))
 
@@ -195,8 +180,6 @@ def learning_rates(config, steps: int) -> np.ndarray:
   Jitted as in the train step: XLA's arithmetic can differ from eager's by an ulp (it did at
   1e-3 * 9 / 10), and the PyTorch side should apply the very same float32 values.
   """
-  import jax
-  from bert_jax.runtime import optim
   _, schedule = optim.create_optimizer(config, config.num_train_steps)
   schedule = jax.jit(schedule)
   return np.array([schedule(t) for t in range(steps)], np.float32)
@@ -224,10 +207,6 @@ def _progress(side: str, step: int, loss: float, start: float, every: int = 50) 
 def run_jax(config, params, batches: Sequence[Batch]) -> Run:
   """bert_jax's real train step and optimizer (the pre-training job's, placed and compiled as a
   run does: `runtime.job.state_and_step`) over `batches`, from `params`."""
-  import jax
-  from bert_jax import parallel
-  from bert_jax.runtime import job as jobs
-  from bert_jax.tasks import registry
   if config.grad_accum_steps != 1:
     raise ValueError("the PyTorch side takes one update per batch: grad_accum_steps=1")
   par = parallel.create(config)
@@ -304,8 +283,8 @@ def clip_by_global_norm(grads: list, clip: float):
 class OriginalAdamW:
   """BERT's AdamWeightDecayOptimizer after tf.clip_by_global_norm, as bert_jax's chain orders it.
 
-  g *= clip / max(|g|, clip) over all gradients (torch's clip_grad_norm_ divides by |g| + 1e-6
-  instead); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (no bias correction);
+  g *= clip / max(|g|, clip) over all gradients (`clip_by_global_norm`);
+  m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (no bias correction);
   param -= lr * (m / (sqrt(v) + eps) + wd * param), wd only where bert_jax's `decay_mask` has it
   (not on biases, `cls.predictions.bias` included, nor LayerNorm).
   """
@@ -352,31 +331,12 @@ def load_modern_torch_model(directory: str, train: bool):
   return model.train(train)
 
 
-def mlm_labels(batch: Batch) -> np.ndarray:
-  """[B, S] labels for transformers' masked-LM loss: masked_lm_ids at the masked_lm_positions of
-  weight 1, -100 (ignored) everywhere else."""
-  positions, ids = batch["masked_lm_positions"], batch["masked_lm_ids"]
-  weights = np.asarray(batch["masked_lm_weights"])
-  if not np.all((weights == 0) | (weights == 1)):
-    raise ValueError("labels carry no weights: masked_lm_weights must be 0 or 1")
-  labels = np.full(np.shape(batch["input_ids"]), -100, np.int64)
-  rows, slots = np.nonzero(weights)
-  labels[rows, positions[rows, slots]] = ids[rows, slots]
-  if np.sum(labels != -100) != len(rows):
-    raise ValueError("a position is masked twice in one row")
-  return labels
-
-
 def modern_torch_losses(model, batch: Batch):
   """(total, mlm): transformers' own masked-LM loss (the mean over the labelled positions) times
   n / (n + 1e-5), bert_jax's sum(w * nll) / (sum(w) + 1e-5)."""
-  import torch
-  labels = mlm_labels(batch)
-  tensor = lambda name: torch.from_numpy(np.asarray(batch[name]).astype(np.int64))
-  out = model(input_ids=tensor("input_ids"), attention_mask=tensor("input_mask"),
-              labels=torch.from_numpy(labels))
-  count = float(np.sum(labels != -100))
-  mlm = out.loss * (count / (count + 1e-5))
+  inputs = bench_util.torch_inputs(batch, token_types=False, labels=True)
+  count = float((inputs["labels"] != -100).sum())
+  mlm = model(**inputs).loss * (count / (count + 1e-5))
   return mlm, mlm
 
 
@@ -386,17 +346,14 @@ def pad_inputs(config, batches: Sequence[Batch]) -> int:
   replacement puts it there; transformers' ModernBERT embedding (padding_idx) and bert_jax's give
   its row no lookup gradient, and a side without that fails the comparison
   (tests/test_modern_side_by_side.py)."""
-  from bert_jax.tasks.jobs import pretraining
   pad = getattr(pretraining.bert_config_from(config), "pad_token_id", 0)
   return int(sum(np.sum((b["input_ids"] == pad) & (b["input_mask"] == 1)) for b in batches))
 
 
 class TorchAdamW:
-  """torch.optim.AdamW (bias-corrected) after bert_jax's clipping (`clip_by_global_norm`),
-  with weight decay in param groups by transformers' own rule (`Trainer.
-  get_decay_parameter_names`: not on biases and norms, as bert_jax's `decay_mask`); the learning
-  rate of each step is set, the very float32 value bert_jax's step applied. `decay_names`
-  (model -> names) replaces that rule (the tests' changed recipes)."""
+  """torch.optim.AdamW (bias-corrected) after bert_jax's clipping (`clip_by_global_norm`), in the
+  param groups of `decay_groups`; the learning rate of each step is set, the very float32 value
+  bert_jax's step applied."""
 
   def __init__(self, model, opt_config, decay_names: Optional[Callable] = None):
     import torch
@@ -589,7 +546,8 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   """
   if config.model.hidden_dropout_prob or config.model.attention_probs_dropout_prob:
     raise ValueError("parity needs dropout off (hidden and attention dropout 0)")
-  params = initial_params(config)
+  # bert_jax's initial parameters: the pre-training job's `init_state` (a run's init key).
+  params = jax.device_get(registry.job(config).init_state().params)
   init_dir = os.path.join(workdir, "hf_initial")
   initial = exported(config, params, init_dir)
   lrs = learning_rates(config, len(batches))
@@ -597,17 +555,14 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
   if not np.allclose(ours.learning_rates, lrs, rtol=1e-6, atol=0):
     raise AssertionError("bert_jax's step applied other rates than schedule(step)")
   theirs = run_torch(config, init_dir, batches, lrs, threads=threads)
-  result = dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
-                losses=loss_diffs(ours, theirs),
-                params=param_diffs(exported(config, ours.final,
-                                            os.path.join(workdir, "hf_final_bert_jax")),
-                                   theirs.final, initial),
-                seconds=dict(bert_jax=ours.seconds, torch=theirs.seconds),
-                stable_adamw_clipped=theirs.clipped,
-                curves=dict(bert_jax={k: v.tolist() for k, v in ours.losses.items()},
-                            torch={k: v.tolist() for k, v in theirs.losses.items()},
-                            learning_rate=lrs.tolist()))
-  return result
+  final = exported(config, ours.final, os.path.join(workdir, "hf_final_bert_jax"))
+  return dict(steps=len(batches), pad_inputs=pad_inputs(config, batches),
+              losses=loss_diffs(ours, theirs), params=param_diffs(final, theirs.final, initial),
+              seconds=dict(bert_jax=ours.seconds, torch=theirs.seconds),
+              stable_adamw_clipped=theirs.clipped,
+              curves=dict(bert_jax={k: v.tolist() for k, v in ours.losses.items()},
+                          torch={k: v.tolist() for k, v in theirs.losses.items()},
+                          learning_rate=lrs.tolist()))
 
 
 # ----------------------------------------------------------------------------------- output
@@ -616,23 +571,17 @@ def parity(config, batches: Sequence[Batch], workdir: str, threads: int = 1) -> 
 def plot(result, path: str, ylabel: str) -> str:
   """Both sides' per-step loss and, below, bert_jax's minus transformers' (the two differ far
   less than the loss moves from batch to batch, so the curves look identical)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   curves = result["parity"]["curves"]
   ours, theirs = (np.asarray(curves[side]["loss"]) for side in ("bert_jax", "torch"))
   steps = np.arange(1, len(ours) + 1)
-  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+  fig, (top, bottom) = bench_util.pyplot().subplots(2, 1, figsize=(8, 7), sharex=True)
   top.plot(steps, ours, color="tab:blue", label="bert_jax", linewidth=0.8)
   top.plot(steps, theirs, color="tab:orange", label="transformers", linewidth=0.8)
   top.set(ylabel=ylabel, title="Dropout off: per-step loss")
   top.legend()
   bottom.plot(steps, ours - theirs, color="tab:blue", linewidth=0.6)
   bottom.set(ylabel="minus transformers", xlabel="step")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return bench_util.save_figure(fig, path)
 
 
 def setup_line(args, config) -> str:
@@ -650,13 +599,10 @@ def markdown(args, config, result) -> str:
            f"{config.max_predictions_per_seq} predictions, lr {args.lr:g}, float32, "
            f"kernels={config.model.kernels}. {result['machine']}.", "",
            f"Dropout off, {p['steps']} steps (wall clock: bert_jax {p['seconds']['bert_jax']:.0f} "
-           f"s, PyTorch {p['seconds']['torch']:.0f} s):", "",
-           "| per step | max abs diff | max rel diff (step) | diff at last step |",
-           "|---|---|---|---|"]
-  for name in curves_of(config):
-    d = p["losses"][name]
-    lines.append(f"| {name} | {d['max_abs']:.2e} | {d['max_rel']:.2e} ({d['worst_step'] + 1}) | "
-                 f"{d['final_abs']:.2e} |")
+           f"s, PyTorch {p['seconds']['torch']:.0f} s):", ""] + bench_util.markdown_table(
+               ("per step", "max abs diff", "max rel diff (step)", "diff at last step"),
+               ([name, f"{d['max_abs']:.2e}", f"{d['max_rel']:.2e} ({d['worst_step'] + 1})",
+                 f"{d['final_abs']:.2e}"] for name, d in p["losses"].items()))
   q = p["params"]
   lines += ["", f"Final parameters ({q['tensors']} tensors): max abs diff {q['max_abs']:.2e} "
             f"(`{q['max_abs_name']}`), max per-tensor rel diff {q['max_rel']:.2e} "
@@ -706,14 +652,12 @@ def main():
                            "differ from the other's)")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  if args.family == "bert":
-    config = demo_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
-                         seed=args.seed, kernels=args.kernels)
-  else:
-    config = modern_config(args.size, args.steps, args.batch, args.seq, args.lr, args.warmup,
-                           seed=args.seed, kernels=args.kernels,
-                           local_attention=args.local_attention, optimizer=args.optimizer)
-  prepare_data(config, args.out)
+  modern = dict(local_attention=args.local_attention, optimizer=args.optimizer)
+  config = (demo_config if args.family == "bert" else modern_config)(
+      args.size, args.steps, args.batch, args.seq, args.lr, args.warmup, seed=args.seed,
+      kernels=args.kernels, **(modern if args.family == "modernbert" else {}))
+  if config.data.prepare_demo_corpus:   # the demo corpus built into OUT/data once, then reused
+    config.update_from_flattened_dict(pretraining_data.data_changes(config, args.out))
   batches = take_batches(config, args.steps)
   print(f"{len(batches)} batches of {args.batch} x {args.seq}; vocab {config.model.vocab_size}",
         flush=True)
@@ -724,7 +668,8 @@ def main():
                         args.loss_rtol and p["params"]["max_abs"] <= args.param_atol)
   bench_util.write_report(args.out, "pretrain_side_by_side", result,
                           markdown(args, config, result))
-  print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"), loss_label(config)))
+  print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"),
+                        "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"))
   print(json.dumps(summary(config, result)))
   if not result["pass"]:
     sys.exit(1)
@@ -732,22 +677,14 @@ def main():
 
 def summary(config, result) -> Dict[str, object]:
   """One line of the headline numbers (the full record: OUT/pretrain_side_by_side.json)."""
-  p, q = result["parity"], result["parity"]["params"]
-  line = dict(family=family_of(config), steps=p["steps"], **{
+  p = result["parity"]
+  return dict(family=family_of(config), steps=p["steps"], **{
       f"{name}_max_{kind}": p["losses"][name][f"max_{kind}"]
-      for name in curves_of(config) for kind in ("abs", "rel")})
-  line.update(final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")})
-  line.update(param_tensors=q["tensors"], param_max_abs=q["max_abs"],
-              param_max_abs_name=q["max_abs_name"], param_max_rel=q["max_rel"],
-              param_max_rel_name=q["max_rel_name"], param_max_rel_to_change=q["max_rel_to_change"],
-              pad_inputs=p["pad_inputs"], seconds=p["seconds"],
-              stable_adamw_clipped=p.get("stable_adamw_clipped"))
-  line["pass"] = result["pass"]
-  return line
-
-
-def loss_label(config) -> str:
-  return "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"
+      for name in curves_of(config) for kind in ("abs", "rel")},
+      final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")},
+      **{f"param_{k}": v for k, v in p["params"].items() if k != "per_tensor"},
+      pad_inputs=p["pad_inputs"], seconds=p["seconds"],
+      stable_adamw_clipped=p.get("stable_adamw_clipped"), **{"pass": result["pass"]})
 
 
 if __name__ == "__main__":

@@ -22,13 +22,8 @@ from benchmarks import process_setup
 
 process_setup.prepare(main=__name__ == "__main__")
 
-import jax  # noqa: E402
-
 from benchmarks import bench_util  # noqa: E402
-from bert_jax import parallel  # noqa: E402
 from bert_jax.model.config import NAMED_SIZES, BertConfig  # noqa: E402
-from bert_jax.runtime import job as jobs  # noqa: E402
-from bert_jax.tasks import registry  # noqa: E402
 from experiments import pretrain_roberta, pretraining_defaults  # noqa: E402
 
 BERT_VOCAB, MODERN_VOCAB = 30522, 50368
@@ -79,18 +74,8 @@ def batch_of(config) -> dict:
 
 def jax_step(config):
   """(a callable running one step of the job `config` trains, the step's useful FLOPs)."""
-  job = registry.job(config)   # the very job a pre-training run trains
-  par = parallel.create(config)
-  state, step = jobs.state_and_step(job, par)   # placed and compiled as the run does
-  data = par.put_batch(batch_of(config))
-  rng = jax.random.PRNGKey(1)
-  holder = [state]
-
-  def one():
-    holder[0], metrics = step(holder[0], data, rng)
-    metrics["loss"].block_until_ready()
-
-  return one, job.model_flops(config.global_batch_size)
+  run, job = bench_util.jax_train_step(config, batch_of(config))
+  return run, job.model_flops(config.global_batch_size)
 
 
 def torch_model(family: str, config):
@@ -120,21 +105,10 @@ def torch_step(family: str, config, threads: int):
   model, betas, weight_decay, clip = torch_model(family, config)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=betas, eps=1e-6,
                           weight_decay=weight_decay)
-  inputs = bench_util.torch_mlm_inputs(batch_of(config), token_types=family != "modernbert",
-                                       nsp=config.objective == "mlm_nsp")
-  autocast = torch.autocast("cpu", dtype=torch.bfloat16,
-                            enabled=config.model.dtype == "bfloat16")
-
-  def one():
-    opt.zero_grad(set_to_none=True)
-    with autocast:
-      loss = model(**inputs).loss
-    loss.backward()
-    if clip:
-      torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-
-  return one
+  inputs = bench_util.torch_inputs(batch_of(config), token_types=family != "modernbert",
+                                   labels=True, nsp=config.objective == "mlm_nsp")
+  return bench_util.torch_train_step(model, opt, inputs, clip=clip,
+                                     bfloat16=config.model.dtype == "bfloat16")
 
 
 def main():

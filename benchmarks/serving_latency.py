@@ -56,15 +56,6 @@ def make_best(directory: str, max_seq_length: int) -> str:
   return directory
 
 
-def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
-  rng = np.random.RandomState(seed)
-  lengths = rng.randint(max(2, seq // 2), seq + 1, size=batch)    # some padding, as real batches
-  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
-  ids = rng.randint(1000, vocab, size=(batch, seq)).astype(np.int32) * mask
-  segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
-  return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
-
-
 def bench(best: str, work: str, batches, seq: int, rounds: int, steps: int, threads: int):
   """One row per batch size: time per example of each path, and the paths' largest logit gap.
 
@@ -90,12 +81,10 @@ def bench(best: str, work: str, batches, seq: int, rounds: int, steps: int, thre
 
   rows = []
   for batch in batches:
-    inputs = make_batch(batch, seq, servable.bert_config.vocab_size)
+    inputs = bench_util.padded_batch(batch, seq, servable.bert_config.vocab_size)
     tf_inputs = {k: tf.constant(v) for k, v in inputs.items()}
     jax_inputs = [jax.device_put(inputs[k]) for k in ("input_ids", "input_mask", "segment_ids")]
-    torch_inputs = {"input_ids": torch.tensor(inputs["input_ids"], dtype=torch.long),
-                    "attention_mask": torch.tensor(inputs["input_mask"], dtype=torch.long),
-                    "token_type_ids": torch.tensor(inputs["segment_ids"], dtype=torch.long)}
+    torch_inputs = bench_util.torch_inputs(inputs)
 
     def run_saved_model():
       out = signature(**tf_inputs)
@@ -127,14 +116,12 @@ def bench(best: str, work: str, batches, seq: int, rounds: int, steps: int, thre
 
 
 def table(rows) -> str:
-  lines = ["| batch | seq | SavedModel (TF) ms/example | JAX jit ms/example | PyTorch ms/example "
-           "| SavedModel / JAX | PyTorch / JAX |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
-  for r in rows:
-    lines.append(f"| {r['batch']} | {r['seq']} | {r['saved_model_ms_per_example']:.2f} | "
-                 f"{r['jax_ms_per_example']:.2f} | {r['pytorch_ms_per_example']:.2f} | "
-                 f"{r['saved_model_over_jax']:.2f} | {r['pytorch_over_jax']:.2f} |")
-  return "\n".join(lines)
+  columns = ("saved_model_ms_per_example", "jax_ms_per_example", "pytorch_ms_per_example",
+             "saved_model_over_jax", "pytorch_over_jax")
+  return "\n".join(bench_util.markdown_table(
+      ("batch", "seq", "SavedModel (TF) ms/example", "JAX jit ms/example", "PyTorch ms/example",
+       "SavedModel / JAX", "PyTorch / JAX"),
+      ([r["batch"], r["seq"]] + [f"{r[c]:.2f}" for c in columns] for r in rows)))
 
 
 def main(argv=None):

@@ -55,9 +55,26 @@ from benchmarks import process_setup
 
 process_setup.prepare(main=__name__ == "__main__")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import bench_util  # noqa: E402
+from benchmarks.bench_util import read_json, write_json  # noqa: E402
+from bert_jax import parallel  # noqa: E402
+from bert_jax.families.modernbert.config import modern_counterpart  # noqa: E402
+from bert_jax.io import checkpoints, filesystem  # noqa: E402
+from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.runtime import batch_ramp  # noqa: E402
+from bert_jax.runtime import job as jobs  # noqa: E402
+from bert_jax.runtime.metric_writers import read_metrics  # noqa: E402
+from bert_jax.tasks import registry  # noqa: E402
+from bert_jax.tasks.datasets import glue  # noqa: E402
+from bert_jax.tasks.jobs import pretraining  # noqa: E402
+from bert_jax.text import tokenization  # noqa: E402
+from data_pipelines import build_vocab, create_pretraining_data, demo_corpus, packing  # noqa: E402
+from data_pipelines.sentences import split_sentences  # noqa: E402
+from experiments import glue as glue_experiment  # noqa: E402
+from experiments import pretrain_demo, pretraining_defaults  # noqa: E402
 
 SIDES = ("bert_jax", "bert_jax_modern")
 RECIPE = {"bert_jax": "bert", "bert_jax_modern": "modern"}
@@ -68,19 +85,6 @@ DEFAULT_TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "data", "text")
 DEFAULT_GLUE_DIR = os.path.join(os.path.dirname(DEFAULT_TEXT_DIR), "glue")
 Batch = Dict[str, np.ndarray]
-
-
-def write_json(path: str, value) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=1)
-  os.replace(path + ".tmp", path)
-
-
-def read_json(path: str):
-  """A JSON file, or a JSON-lines one (`.jsonl`) as a list."""
-  with open(path) as f:
-    return [json.loads(line) for line in f] if path.endswith(".jsonl") else json.load(f)
 
 
 # --- The corpus: books and Python's documentation cut into documents --------------------------
@@ -119,7 +123,6 @@ def file_sentences(text: str) -> Iterator[Optional[str]]:
       if line and not BRACKETED.match(line):
         yield None if len(line) <= 40 and HEADING.match(line) else clean(line)
     return
-  from data_pipelines.sentences import split_sentences
   kept = "\n".join(line for line in text.splitlines() if not SPEAKER.match(line.strip()))
   yield from map(clean, split_sentences(kept))
 
@@ -140,7 +143,6 @@ def write_corpus(args, train_path: str, eval_path: str) -> Dict[str, Dict[str, i
   input format; every `--holdout_every`-th to `eval_path`. Counts per split and source."""
   docs = [("text", d) for d in text_documents(args.text_dir, args.sentences_per_document)]
   if args.demo_documents >= 0:
-    from data_pipelines import demo_corpus
     docs += [("python_docs", d) for d in demo_corpus.documents(args.demo_documents)]
   order = list(range(len(docs)))
   random.Random(args.seed).shuffle(order)
@@ -171,12 +173,9 @@ def read_data_info(out: str) -> dict:
 
 
 def eval_batches_from_pipeline(config, max_sequences: int) -> List[Batch]:
-  """The first batches of bert_jax's evaluation pipeline (fixed masks), as numpy."""
-  from bert_jax.tasks.jobs import pretraining
-  dataset = pretraining.input_pipeline_for(config, training=False, process_index=0,
-                                           process_count=1)
+  """The first batches of bert_jax's evaluation pipeline (fixed masks) holding `max_sequences`."""
   count = max(1, math.ceil(max_sequences / config.eval_batch_size))
-  return [dict(b) for b in dataset.take(count).as_numpy_iterator()]
+  return bench_util.pipeline_batches(config, count, training=False)
 
 
 def save_batches(path: str, batches: Sequence[Batch]) -> dict:
@@ -202,7 +201,6 @@ def load_eval_sets(out: str) -> Dict[str, List[Batch]]:
 def write_records(args, tokenizer, suffix: str, **options) -> Dict[str, int]:
   """train/eval{suffix}.tfrecord from train/eval.txt (`--dupe_factor` passes over the training
   documents, one over the held-out ones), unmasked; instances and tokens per split."""
-  from data_pipelines import create_pretraining_data
   counts = {}
   for split in ("train", "eval"):
     stats = create_pretraining_data.create_pretraining_data(
@@ -216,8 +214,6 @@ def write_records(args, tokenizer, suffix: str, **options) -> Dict[str, int]:
 
 def prepare(args) -> dict:
   """OUT/data: corpus, vocabulary, both kinds of records, the two held-out sets (DONE.json)."""
-  from bert_jax.text import tokenization
-  from data_pipelines import build_vocab
   done = data_path(args.out, "DONE.json")
   if os.path.exists(done):
     print(f"{done} exists: the data is prepared", flush=True)
@@ -269,8 +265,6 @@ def prepare(args) -> dict:
 
 def bert_config(args, info: dict):
   """BERT's recipe: BERT-`--size` on the NSP pairs (steps and cadences set from the plan)."""
-  from bert_jax.model.config import BertConfig
-  from experiments import pretraining_defaults
   c = pretraining_defaults.get_config(args.size)
   shape = BertConfig.named(args.size)
   c.model.update(vocab_size=info["vocab_size"], num_hidden_layers=shape.num_hidden_layers,
@@ -297,9 +291,6 @@ def modern_config(args, info: dict):
   StableAdamW, warmup-stable-decay with a 1-sqrt decay to 0) with the ModernBERT-family model of
   BERT-`--size`'s size (`modern_counterpart`: the MLP's weights kept, every third layer global)
   on the contiguous rows (the ramp and the schedule's lengths set from the plan)."""
-  from bert_jax.families.modernbert.config import modern_counterpart
-  from bert_jax.model.config import BertConfig
-  from experiments import pretrain_demo
   c = pretrain_demo.modern_twin(quick=False)
   c.model.update(modern_counterpart(
       BertConfig.named(args.size), vocab_size=info["vocab_size"],
@@ -393,7 +384,6 @@ def make_ramp(start: int, batch: int, tokens: float, seq: int):
   """The batch ramp (`bert_jax.runtime.batch_ramp.BatchRamp`), or None when `start` is 0."""
   if not start:
     return None
-  from bert_jax.runtime import batch_ramp
   return batch_ramp.BatchRamp(start=start, final=batch, tokens=tokens, seq_len=seq)
 
 
@@ -440,8 +430,6 @@ def make_plan(args, side: str, calibration: Calibration, seq: int) -> Plan:
 def calibrate(args, info: dict, side: str) -> Calibration:
   """The side's speed: `registry.run_job` for 3 logging windows of `--calibration_steps`, at the
   full batch (no ramp), no evaluation or checkpoint."""
-  from bert_jax.runtime.metric_writers import read_metrics
-  from bert_jax.tasks import registry
   k = args.calibration_steps
   config = (modern_config if RECIPE[side] == "modern" else bert_config)(args, info)
   config.num_train_steps, config.warmup_steps, config.log_every_steps = 3 * k, k, k
@@ -474,9 +462,6 @@ def scorer(model, objective: str):
   `eval_step`, jitted once). Batches without NSP labels (the text set, documents as sequences)
   scored by a model with the NSP head give the masked-LM metrics alone (NSP labels of zeros,
   their terms left out)."""
-  import jax
-  from bert_jax.tasks.jobs import pretraining
-  from data_pipelines import packing
   step = jax.jit(functools.partial(pretraining.eval_step, model=model, objective=objective))
 
   def score(params, batches: Sequence[Batch]) -> Dict[str, float]:
@@ -501,14 +486,7 @@ def scorer(model, objective: str):
   return score
 
 
-def score_sets(score, params, eval_sets: Dict[str, Sequence[Batch]]) -> Dict[str, float]:
-  """Every set's metrics, prefixed with its name (`pairs_mlm_loss`, `text_mlm_accuracy`, ...)."""
-  return {f"{name}_{k}": v for name, batches in eval_sets.items()
-          for k, v in score(params, batches).items()}
-
-
 def jax_params_from_workdir(workdir: str):
-  from bert_jax.io import checkpoints
   model_config, params = checkpoints.load_params_from_workdir(workdir)
   return checkpoints.to_model_layout(params, model_config)
 
@@ -516,7 +494,6 @@ def jax_params_from_workdir(workdir: str):
 def curve_of(workdir: str) -> List[dict]:
   """The held-out curve from the run's metrics.jsonl: each evaluation with the training clock of
   the training line logged at its step (`train_seconds`, continued by a resumed run)."""
-  from bert_jax.runtime.metric_writers import read_metrics
   seconds = {r["step"]: r["train_seconds"] for r in read_metrics(workdir, "train")}
   curve = []
   for record in read_metrics(workdir, "eval"):
@@ -531,10 +508,6 @@ def curve_of(workdir: str) -> List[dict]:
 def train(config, workdir: str, evaluate) -> dict:
   """`registry.run_job`, evaluating by `evaluate(params)` (the fixed held-out sets) every
   `config.eval_every_steps` instead of on the job's own held-out records."""
-  from bert_jax import parallel
-  from bert_jax.io import filesystem
-  from bert_jax.runtime import job as jobs
-  from bert_jax.tasks import registry
   job = registry.job(config, workdir)   # the records are given: nothing is built
   every_steps = config.eval_every_steps
   job = dataclasses.replace(job, evaluator=lambda trainer: lambda state, step: evaluate(
@@ -545,7 +518,6 @@ def train(config, workdir: str, evaluate) -> dict:
 def run_side(args, side: str) -> dict:
   """Pre-trains the side (resuming from OUT/<side>/workdir); OUT/<side>/curve.jsonl and
   summary.json."""
-  from bert_jax.tasks.jobs import pretraining
   side_dir = os.path.join(args.out, side)
   if os.path.exists(os.path.join(side_dir, "summary.json")):
     print(f"[{side}] {side_dir}/summary.json exists: done", flush=True)
@@ -565,7 +537,10 @@ def run_side(args, side: str) -> dict:
   # Fine-tuning finds the vocabulary beside the checkpoint: the workdir is self-contained.
   shutil.copy(data_path(args.out, "vocab.txt"), os.path.join(workdir, "vocab.txt"))
   score = scorer(pretraining.build_model(config), config.objective)
-  evaluate = functools.partial(score_sets, score, eval_sets=load_eval_sets(args.out))
+  eval_sets = load_eval_sets(args.out)
+  # Every set's metrics, prefixed with its name (`pairs_mlm_loss`, `text_mlm_accuracy`, ...).
+  evaluate = lambda params: {f"{name}_{k}": v for name, batches in eval_sets.items()
+                             for k, v in score(params, batches).items()}
   start = time.time()
   result = train(config, workdir, evaluate)
   curve = curve_of(workdir)
@@ -612,7 +587,6 @@ def pretrained_sides(args) -> List[str]:
 def glue_config(args, side: str, task: str, train_examples: int):
   """One recipe for every checkpoint: bert_jax's GLUE fine-tuning of the side's workdir (the
   architecture is the checkpoint's)."""
-  from experiments import glue as glue_experiment
   c = glue_experiment.get_config(f"task={task},seeds={args.seeds}")
   c.init_checkpoint = os.path.join(args.out, side, "workdir")
   c.tokenizer.vocab_file = data_path(args.out, "vocab.txt")
@@ -635,7 +609,6 @@ def tasks_of(args) -> List[str]:
 def finetune(args) -> dict:
   """Every task for every side of `pretrained_sides`, task by task (a stage cut short still
   leaves whole rows of the table); a finished task (its ttq.json) is not run again."""
-  from bert_jax.tasks.datasets import glue
   subsets = {name.strip(): int(value) for name, _, value in
              (item.partition("=") for item in args.ft_train_examples.split(",") if item)}
   sides = pretrained_sides(args)
@@ -686,31 +659,26 @@ def last_within(curve: Sequence[dict], budget_seconds: float) -> Optional[dict]:
 def plot_curves(curves: Dict[str, List[dict]], path: str) -> None:
   """Held-out MLM loss and accuracy vs training minutes on both held-out sets (rows), every side
   with a curve; BERT's recipe solid, the modern dashed (matplotlib PNG)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(len(EVAL_SETS), 2, figsize=(11, 4.0 * len(EVAL_SETS)), squeeze=False)
+  fig, axes = bench_util.pyplot().subplots(len(EVAL_SETS), 2, figsize=(11, 4.0 * len(EVAL_SETS)),
+                                           squeeze=False)
   titles = {"pairs": "held-out NSP pairs", "text": "held-out contiguous text"}
   for (loss_ax, acc_ax), eval_set in zip(axes, EVAL_SETS):
     for side, rows in curves.items():
       rows = [r for r in rows if r.get(f"{eval_set}_mlm_loss") is not None]
       if not rows:
         continue
-      minutes = [r["seconds"] / 60 for r in rows]
       style = dict(marker="o", markersize=3, color=COLORS[side], label=side,
                    linestyle="--" if RECIPE[side] == "modern" else "-")
-      loss_ax.plot(minutes, [r.get(f"{eval_set}_mlm_loss") for r in rows], **style)
-      acc_ax.plot(minutes, [r.get(f"{eval_set}_mlm_accuracy") for r in rows], **style)
+      for ax, name in ((loss_ax, "loss"), (acc_ax, "accuracy")):
+        ax.plot([r["seconds"] / 60 for r in rows], [r.get(f"{eval_set}_mlm_{name}") for r in rows],
+                **style)
     for ax, name in ((loss_ax, "loss"), (acc_ax, "accuracy")):
       ax.set(xlabel="training wall clock (minutes)", ylabel=f"MLM {name} (15% masked)",
              title=f"Masked-LM {name}, {titles[eval_set]}")
       ax.grid(alpha=0.3)
       if ax.get_legend_handles_labels()[0]:
         ax.legend()
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  bench_util.save_figure(fig, path, dpi=110)
 
 
 def describe_data(info: dict, sides: Dict[str, dict]) -> List[str]:
@@ -760,41 +728,31 @@ def pretraining_table(sides: Dict[str, dict]) -> List[str]:
 def glue_tables(args, results: Dict[str, Dict[str, dict]], report: dict) -> List[str]:
   """Per task and on average, every side with fine-tuning results (the average over the tasks
   every such side has finished, so that the averages compare)."""
-  from bert_jax.tasks.datasets import glue
   pm = lambda spread: f"{spread['mean']:.1f} +- {spread['std']:.1f}"
   sides = [s for s in SIDES if results.get(s)]
   missing = [s for s in SIDES if s not in sides]
-  lines = ["", f"GLUE dev (whole dev sets), {args.seeds} seed(s), mean +- std over seeds "
-           f"(score = mean of the task's metrics x100); recipe: batch {args.ft_batch}, lr "
-           f"{args.ft_lr:g}, {args.ft_epochs} epochs, max length {args.ft_max_seq}; training "
-           f"subsets: {args.ft_train_examples or 'none'}."
-           + (f" Not fine-tuned yet: {', '.join(missing)}." if missing else ""), "",
-           "| task | metric | " + " | ".join(sides) + " | minutes (" + " / ".join(sides) + ") |",
-           "|---|---|" + "---|" * len(sides) + "---|"]
-  table = {}
-  for task in tasks_of(args):
-    entries = {side: results[side].get(task) for side in sides}
-    if not any(entries.values()):
-      continue
-    spec = glue.spec_for(task)
-    s = {side: bench_util.seed_spread(e["scores"]) for side, e in entries.items() if e}
-    table[task] = s
-    lines.append(f"| {spec.folder} | {'/'.join(spec.metrics)} | "
-                 + " | ".join(pm(s[side]) if side in s else "-" for side in sides) + " | "
-                 + " / ".join(f"{entries[side]['seconds'] / 60:.0f}" if entries[side] else "-"
-                              for side in sides) + " |")
-  complete = [t for t in tasks_of(args) if t in table and all(side in table[t] for side in sides)]
-  if complete:
-    averages = {}
-    for side in sides:   # per seed, the mean over tasks of the task scores
-      scores = [results[side][t]["scores"] for t in complete]
-      averages[side] = bench_util.seed_spread(
-          [float(np.mean([s[i] for s in scores])) for i in range(min(map(len, scores)))])
-    lines.append(f"| **average** | {len(complete)} tasks | "
-                 + " | ".join(f"**{pm(averages[side])}**" for side in sides) + " | |")
-    report["average"] = averages
+  tasks = [t for t in tasks_of(args) if any(t in results[s] for s in sides)]
+  table = {t: {s: bench_util.seed_spread(results[s][t]["scores"]) for s in sides
+               if t in results[s]} for t in tasks}
+  rows = [[glue.spec_for(t).folder, "/".join(glue.spec_for(t).metrics)]
+          + [pm(table[t][s]) if s in table[t] else "-" for s in sides]
+          + [" / ".join(f"{results[s][t]['seconds'] / 60:.0f}" if t in results[s] else "-"
+                        for s in sides)] for t in tasks]
+  complete = [t for t in tasks if len(table[t]) == len(sides)]
+  if complete:   # per seed, the mean over tasks of the task scores
+    report["average"] = averages = {s: bench_util.seed_spread(
+        [float(np.mean(seed)) for seed in zip(*(results[s][t]["scores"] for t in complete))])
+        for s in sides}
+    rows.append(["**average**", f"{len(complete)} tasks"]
+                + [f"**{pm(averages[s])}**" for s in sides] + [""])
   report["table"] = table
-  return lines
+  return ["", f"GLUE dev (whole dev sets), {args.seeds} seed(s), mean +- std over seeds "
+          f"(score = mean of the task's metrics x100); recipe: batch {args.ft_batch}, lr "
+          f"{args.ft_lr:g}, {args.ft_epochs} epochs, max length {args.ft_max_seq}; training "
+          f"subsets: {args.ft_train_examples or 'none'}."
+          + (f" Not fine-tuned yet: {', '.join(missing)}." if missing else ""), ""
+          ] + bench_util.markdown_table(
+              ["task", "metric"] + sides + [f"minutes ({' / '.join(sides)})"], rows)
 
 
 def goal(averages: Dict[str, dict]) -> List[str]:
@@ -811,13 +769,9 @@ def goal(averages: Dict[str, dict]) -> List[str]:
 def report(args) -> dict:
   """OUT/time_to_quality.md and .json, and the plot."""
   info = read_data_info(args.out)
-  sides = {}
-  for side in SIDES:
-    curve, summary = (os.path.join(args.out, side, name) for name in ("curve.jsonl",
-                                                                      "summary.json"))
-    sides[side] = dict(curve=read_json(curve) if os.path.exists(curve) else [])
-    if os.path.exists(summary):
-      sides[side]["summary"] = read_json(summary)
+  sides = {side: dict(curve=read_json(os.path.join(args.out, side, "curve.jsonl"), []),
+                      summary=read_json(os.path.join(args.out, side, "summary.json"), None))
+           for side in SIDES}
   results = finetuned(args)
   lines = describe_data(info, sides) + [""] + pretraining_table(sides)
   out = dict(data=info, pretraining={s: d.get("summary") for s, d in sides.items()},

