@@ -6,21 +6,18 @@ r"""GPU pre-training step: model-FLOP utilisation (MFU), packing, and the PyTorc
   python -m benchmarks.gpu_pretrain_mfu --family=modernbert --size=base --seq=1024 --batch=32 \
       --variants=current,xla_attention --peer=torch,torch_compile   # BERT_JAX_ALLOW_TRITON=1
 
-bert_jax's pre-training step (`registry.job`, placed and compiled as a run does:
-`runtime.job.state_and_step`; bf16 compute, float32 master weights, dropout on) against
-`transformers`' `BertForPreTraining` (bf16 autocast, the same AdamW, SDPA) on the same batch, in
-alternating rounds. `--lengths`: `original` (the data algorithm's 10% short instances), `full`,
-or FILE.npy (lengths measured on a real corpus: `--save_lengths` writes them from records). Per
-configuration one JSON line: `mfu` (the FLOPs of every row position over the GPU's nominal dense
-bf16 peak, as NVIDIA's and MLPerf's BERT numbers), `useful_mfu` (real tokens only), the rate over
-an 8192^3 bf16 matmul of the same run, real tokens and pairs per second, the peer's steps/s and
-ratio. `--packing=on`: several short pairs a row (data_pipelines/packing.py), compared by pairs
-per second. `--family=modernbert`: the ModernBERT-family step (the recipe of
-`experiments/pretrain_modernbert.py`, full rows, 30% masked; local layers' FLOPs over their band)
-against `ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`; `torch_compile`: compiled).
-`--variants` compiles the step once per config change of VARIANTS (each kernel of
-`bert_jax/model/kernels.py` in its textbook form, model options, dropout probes) in one process
-and times them in the same rounds: a change measured against main on a shared GPU.
+bert_jax's pre-training step (`registry.job`, placed and compiled as a run does; bf16 compute,
+float32 master weights, dropout on) against `transformers`' `BertForPreTraining` (bf16 autocast,
+the same AdamW, SDPA) on the same batch, in alternating rounds. `--lengths`: `original` (the data
+algorithm's 10% short instances), `full`, or FILE.npy (real corpus lengths: `--save_lengths`
+writes them from records). Per configuration one JSON line: `mfu` (the FLOPs of every row
+position over the GPU's nominal dense bf16 peak, as NVIDIA's and MLPerf's BERT numbers),
+`useful_mfu` (real tokens only), the rate over a bf16 matmul of the same run, the peer's ratio.
+`--packing=on`: several short pairs a row, compared by pairs per second. `--family=modernbert`:
+the ModernBERT-family step (`experiments/pretrain_modernbert.py`'s recipe, full rows) against
+`ModernBertForMaskedLM` (SDPA, `sparse_prediction=True`; `torch_compile`: compiled).
+`--variants` compiles the step once per config change of VARIANTS in one process and times them
+in the same rounds: a change measured against main on a shared GPU.
 """
 import argparse
 import functools

@@ -12,28 +12,21 @@ Each stage alone on an otherwise idle machine (a side: 65-70 minutes of wall clo
 CPU), resumed when run again after an interruption. `--finetune` and `--report` write
 OUT/time_to_quality.md and .json and the plot (OUT/time_to_quality.png unless `--plot` names one).
 
-Data (`--prepare`, OUT/data): every `*.txt` under `--text_dir` (../shared/data/text: Gutenberg
-books one sentence per line, tinyshakespeare as raw text) and Python's documentation, about 1.5M
-words, cut into documents of at most `--sentences_per_document` sentences (and at chapter
-headings), shuffled, every `--holdout_every`-th held out; an 8,000-entry WordPiece vocabulary
-learned on the rest; unmasked records of three forms: BERT's NSP pairs, contiguous text (each
-document followed by [SEP], the stream cut into rows) and documents as sequences (each document
-its own [CLS] ... [SEP] sequence, packed into rows: what the modern side trains on unless
-`--modern_instances=contiguous`, the form of its 2026-11-26 run). Both sides are scored on two
-fixed sets built once from the held-out documents, masked once at 15% by bert_jax's evaluation
-pipeline: `pairs` (BERT's form) and `text` (contiguous text), each every ~`--eval_every_minutes`
-of training time, by the job's own `eval_step` (GLUE is the comparison of record).
+Data (`--prepare`, OUT/data): the books under `--text_dir` and Python's documentation cut into
+documents, every `--holdout_every`-th held out, a WordPiece vocabulary learned on the rest, and
+unmasked records of three forms: BERT's NSP pairs, contiguous text, and documents as sequences
+(what the modern side trains on unless `--modern_instances=contiguous`, the form of its
+2026-11-26 run). Both sides are scored on two fixed sets of the held-out documents, masked once
+at 15% by bert_jax's evaluation pipeline (`pairs`, `text`), by the job's own `eval_step`; GLUE
+is the comparison of record.
 
-The sides, each trained as `registry.run_job` runs a user's job (its evaluation on the fixed
-sets): `bert_jax`, BERT-mini with BERT's recipe (MLM 15% + NSP, batch 64 x 128, AdamW, peak lr
-5e-4, linear warm-up and decay, dropout 0.1); `bert_jax_modern`, the ModernBERT-family model of
-BERT-mini's size (`modern_counterpart`, 5.34M parameters against 5.48M) with the modern recipe
-(`pretrain_demo.modern_twin` at this model and data: MLM alone at 30%, a batch ramp from 16 rows,
-StableAdamW, peak lr 1e-3, a 1-sqrt decay over the last 20% of the steps). Each side measures
-its speed first (`--calibration_steps` x 3 steps) and sizes its schedule to end at the budget
-(`make_plan`); the training clock is the loop's `train_seconds` (evaluations and checkpoints
-left out). `--finetune`: bert_jax's GLUE fine-tuning (`glue.run`) of every checkpoint on SST-2
-(its first 20,000 training examples), MRPC, STS-B, RTE and CoLA, `--seeds` restarts.
+The sides, each trained as `registry.run_job` runs a user's job: `bert_jax`, BERT-mini with
+BERT's recipe (MLM 15% + NSP, AdamW, linear warm-up and decay, dropout 0.1); `bert_jax_modern`,
+the ModernBERT-family model of BERT-mini's size (`modern_counterpart`) with the modern recipe
+(`pretrain_demo.modern_twin`: MLM alone at 30%, a batch ramp, StableAdamW, a 1-sqrt decay).
+Each side measures its speed first and sizes its schedule to end at the budget (`make_plan`);
+the training clock is the loop's `train_seconds`. `--finetune`: bert_jax's GLUE fine-tuning
+(`glue.run`) of every checkpoint on `--tasks`, `--seeds` restarts.
 
 The study's `Trainer` sides (`transformers`, `hf_modern`) are historical: their figures stay in
 benchmarks/RESULTS.md, their code at commit 19398faa0305. Results: RESULTS.md, "Time to quality".
@@ -265,13 +258,9 @@ def prepare(args) -> dict:
 
 def bert_config(args, info: dict):
   """BERT's recipe: BERT-`--size` on the NSP pairs (steps and cadences set from the plan)."""
-  c = pretraining_defaults.get_config(args.size)
-  shape = BertConfig.named(args.size)
-  c.model.update(vocab_size=info["vocab_size"], num_hidden_layers=shape.num_hidden_layers,
-                 hidden_size=shape.hidden_size, num_attention_heads=shape.num_attention_heads,
-                 intermediate_size=shape.intermediate_size,
-                 max_position_embeddings=max(args.seq, 512), dtype="float32",
-                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+  c = pretraining_defaults.get_config(args.size)   # the model: BertConfig.named(--size)
+  c.model.update(vocab_size=info["vocab_size"], max_position_embeddings=max(args.seq, 512),
+                 dtype="float32", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
   c.max_seq_length, c.max_predictions_per_seq = info["seq"], info["max_predictions"]
   c.learning_rate = args.lr
   c.data.input_files = data_path(args.out, "train.tfrecord")
