@@ -278,7 +278,6 @@ def main():
   parser.add_argument("--batch", type=int, default=256, help="rows per step")
   parser.add_argument("--max_pred", type=int, default=0,
                       help="0: round(0.15 * seq) (modernbert: round(0.30 * seq))")
-  parser.add_argument("--max_pairs", type=int, default=0, help="pairs per packed row; 0: seq/32")
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--lengths", default="original")
   parser.add_argument("--packing", default="off", choices=["off", "on", "both"])
@@ -301,7 +300,7 @@ def main():
     return save_lengths(*args.save_lengths)
   rate = MODERN_MASK_RATE if args.family == "modernbert" else 0.15
   args.max_pred = args.max_pred or int(round(rate * args.seq))
-  args.max_pairs = args.max_pairs or max(2, args.seq // 32)
+  args.max_pairs = max(2, args.seq // 32)   # pairs per packed row
   kind = jax.devices()[0].device_kind
   peak = nominal_peak(kind)
   matmul = bench_util.matmul_flops_per_sec(args.matmul_n, dtype="bfloat16")

@@ -56,7 +56,7 @@ Batch = Dict[str, np.ndarray]
 
 
 def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto"):
+                lr: float = 5e-4, warmup: int = 30, seed: int = 0):
   """The demo experiment (its corpus, vocabulary, predictions per sequence, optimizer), at
   `size`, dropout off, the schedule over exactly `steps` steps (the last step's rate near 0)."""
   c = pretrain_demo.get_config()
@@ -64,8 +64,7 @@ def demo_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int 
   c.model.update(num_hidden_layers=shape.num_hidden_layers, hidden_size=shape.hidden_size,
                  num_attention_heads=shape.num_attention_heads,
                  intermediate_size=shape.intermediate_size,
-                 max_position_embeddings=max(seq, c.model.max_position_embeddings),
-                 dtype="float32", kernels=kernels)
+                 max_position_embeddings=max(seq, c.model.max_position_embeddings), dtype="float32")
   c.max_seq_length, c.global_batch_size, c.seed = seq, batch, seed
   c.num_train_steps, c.warmup_steps, c.learning_rate = steps, warmup, lr
   set_dropout(c, 0.0)
@@ -79,8 +78,8 @@ MODERN_SHAPES = {"tiny": (4, 64, 2, 96), "mini": (4, 128, 2, 192), "small": (4, 
 
 
 def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: int = 128,
-                  lr: float = 5e-4, warmup: int = 30, seed: int = 0, kernels: str = "auto",
-                  local_attention: int = 32, vocab_size: int = 4000, optimizer: str = "adamw"):
+                  lr: float = 5e-4, warmup: int = 30, seed: int = 0, local_attention: int = 32,
+                  vocab_size: int = 4000, optimizer: str = "adamw"):
   """experiments/pretrain_modernbert.py:quick's data as contiguous demo-corpus rows masked at 30%
   on the whole corpus, the model at MODERN_SHAPES[size] in float32 (rotary bases 160,000 and
   10,000, so a layer that took the other kind's table would show), dropout off, AdamW with bias
@@ -96,8 +95,7 @@ def modern_config(size: str = "mini", steps: int = 300, batch: int = 32, seq: in
   c.model.update(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                  intermediate_size=glu_width, vocab_size=vocab_size,
                  local_attention=local_attention, global_rope_theta=160_000.0,
-                 max_position_embeddings=max(seq, c.model.max_position_embeddings),
-                 dtype="float32", kernels=kernels)
+                 max_position_embeddings=max(seq, c.model.max_position_embeddings), dtype="float32")
   # 30% of a row's positions (as the experiment's phases), in slots of 8.
   c.max_seq_length = seq
   c.max_predictions_per_seq = 8 * math.ceil(c.data.masked_lm_prob * seq / 8)
@@ -627,7 +625,6 @@ def main():
   parser.add_argument("--lr", type=float, default=5e-4)
   parser.add_argument("--warmup", type=int, default=30)
   parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
-  parser.add_argument("--kernels", default="auto", help="config.model.kernels of bert_jax")
   parser.add_argument("--local_attention", type=int, default=32,
                       help="modernbert: the local layers' window, in tokens (total width)")
   parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
@@ -646,7 +643,7 @@ def main():
   modern = dict(local_attention=args.local_attention, optimizer=args.optimizer)
   config = (demo_config if args.family == "bert" else modern_config)(
       args.size, args.steps, args.batch, args.seq, args.lr, args.warmup, seed=args.seed,
-      kernels=args.kernels, **(modern if args.family == "modernbert" else {}))
+      **(modern if args.family == "modernbert" else {}))
   if config.data.prepare_demo_corpus:   # the demo corpus built into OUT/data once, then reused
     config.update_from_flattened_dict(pretraining_data.data_changes(config, args.out))
   batches = take_batches(config, args.steps)
