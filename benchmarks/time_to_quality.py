@@ -626,13 +626,10 @@ def finetune(args) -> dict:
 
 def finetuned(args) -> Dict[str, Dict[str, dict]]:
   """{side: {task: OUT/finetune/<side>/<task>/ttq.json}} of the tasks finished."""
-  results: Dict[str, Dict[str, dict]] = {}
-  for side in SIDES:
-    for task in tasks_of(args):
-      path = os.path.join(args.out, "finetune", side, task, "ttq.json")
-      if os.path.exists(path):
-        results.setdefault(side, {})[task] = read_json(path)
-  return results
+  results = {side: {task: read_json(os.path.join(args.out, "finetune", side, task, "ttq.json"),
+                                    None) for task in tasks_of(args)} for side in SIDES}
+  return {side: {task: r for task, r in tasks.items() if r is not None}
+          for side, tasks in results.items() if any(r is not None for r in tasks.values())}
 
 
 # --- `--report`: the tables and the plot, from whatever stages have finished -------------------
