@@ -626,13 +626,10 @@ def finetune(args) -> dict:
 
 def finetuned(args) -> Dict[str, Dict[str, dict]]:
   """{side: {task: OUT/finetune/<side>/<task>/ttq.json}} of the tasks finished."""
-  results: Dict[str, Dict[str, dict]] = {}
-  for side in SIDES:
-    for task in tasks_of(args):
-      path = os.path.join(args.out, "finetune", side, task, "ttq.json")
-      if os.path.exists(path):
-        results.setdefault(side, {})[task] = read_json(path)
-  return results
+  results = {side: {task: read_json(os.path.join(args.out, "finetune", side, task, "ttq.json"),
+                                    None) for task in tasks_of(args)} for side in SIDES}
+  return {side: {task: r for task, r in tasks.items() if r is not None}
+          for side, tasks in results.items() if any(r is not None for r in tasks.values())}
 
 
 # --- `--report`: the tables and the plot, from whatever stages have finished -------------------
@@ -690,28 +687,28 @@ def describe_data(info: dict, sides: Dict[str, dict]) -> List[str]:
 
 
 def pretraining_table(sides: Dict[str, dict]) -> List[str]:
-  lines = ["| side | recipe | calibrated steps/s | sustained steps/s | steps (sequences) | "
-           "training minutes | pairs: MLM loss, accuracy | NSP accuracy | text: MLM loss, "
-           "accuracy | last evaluation within the budget: minute; pairs loss, accuracy; text "
-           "loss, accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+  rows = []
   for side, data in sides.items():
     summary = data.get("summary")
     if not summary or not summary.get("final"):
       state = "running or stopped" if data["curve"] else "not run"
-      lines.append(f"| {side} | {RECIPE[side]} | {state} | | | | | | | |")
+      rows.append([side, RECIPE[side], state] + [""] * 7)
       continue
     cell = lambda row, name: "-" if row.get(name) is None else f"{row[name]:.3f}"
     mlm = lambda row, s: f"{cell(row, s + '_mlm_loss')}, {cell(row, s + '_mlm_accuracy')}"
-    final = summary["final"]
-    within = last_within(data["curve"], summary["plan"]["budget_seconds"])
-    lines.append(
-        f"| {side} | {RECIPE[side]} | {summary['plan']['calibration']['steps_per_sec']:.3f} | "
-        f"{summary['steps'] / summary['train_seconds']:.3f} | {summary['steps']:,} "
-        f"({summary['sequences']:,}) | {summary['train_seconds'] / 60:.1f} | "
-        f"{mlm(final, 'pairs')} | {cell(final, 'pairs_nsp_accuracy')} | {mlm(final, 'text')} | "
-        + (f"{within['seconds'] / 60:.1f}; {mlm(within, 'pairs')}; {mlm(within, 'text')} |"
-           if within else "none |"))
-  return lines
+    final, within = summary["final"], last_within(data["curve"], summary["plan"]["budget_seconds"])
+    rows.append([
+        side, RECIPE[side], f"{summary['plan']['calibration']['steps_per_sec']:.3f}",
+        f"{summary['steps'] / summary['train_seconds']:.3f}",
+        f"{summary['steps']:,} ({summary['sequences']:,})",
+        f"{summary['train_seconds'] / 60:.1f}", mlm(final, "pairs"),
+        cell(final, "pairs_nsp_accuracy"), mlm(final, "text"),
+        f"{within['seconds'] / 60:.1f}; {mlm(within, 'pairs')}; {mlm(within, 'text')}"
+        if within else "none"])
+  return bench_util.markdown_table(
+      ["side", "recipe", "calibrated steps/s", "sustained steps/s", "steps (sequences)",
+       "training minutes", "pairs: MLM loss, accuracy", "NSP accuracy", "text: MLM loss, accuracy",
+       "last evaluation within the budget: minute; pairs loss, accuracy; text loss, accuracy"], rows)
 
 
 def glue_tables(args, results: Dict[str, Dict[str, dict]], report: dict) -> List[str]:

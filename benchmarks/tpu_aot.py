@@ -27,6 +27,7 @@ from contextlib import redirect_stdout
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from benchmarks import bench_util  # noqa: E402
 from bert_jax.tasks.tools import compile_report  # noqa: E402
 from experiments import pretraining_defaults  # noqa: E402
 
@@ -157,9 +158,8 @@ def markdown_tables(rows) -> str:
              if r.get("max_global_batch_size")}
   cells = {cell(r) + (layers(r),): r for r in rows if r["global_batch_size"] == 256
            and not r.get("max_global_batch_size")}
-  out = ["| model | seq | packing | slice (chips) | layers | per chip at batch 256 | XLA / "
-         "analytic FLOPs | roofline step (bound) | est. MFU (ceiling) | largest global batch |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+  chips = lambda r: f"{r['topology']} ({r['num_devices']})"
+  grid = []
   for k, r in sorted(cells.items()):
     memory = (f"{r['gib_per_device']:.2f} GiB" if r["fits"] else
               f"does not fit (+{(r.get('over_by_bytes') or 0) / 2 ** 30:.1f} GiB)")
@@ -168,12 +168,9 @@ def markdown_tables(rows) -> str:
     roofline = (f"{1e3 * r['roofline_step_seconds']:.1f} ms ({r['roofline_bound']})"
                 if r.get("roofline_step_seconds") else "-")
     mfu = f"{100 * r['estimated_mfu']:.1f}%" if r.get("estimated_mfu") else "-"
-    out.append(f"| {r['size']} | {r['seq']} | {'on' if r['packing'] else 'off'} | "
-               f"{r['topology']} ({r['num_devices']}) | {k[-1]} | {memory} | {ratio} | "
-               f"{roofline} | {mfu} | {largest.get(k, '-')} |")
-  out += ["", "| model | packing | slice (chips) | paper's recipe: roofline days | chip-hours "
-          "| layers (seq 128 / seq 512) |", "|---|---|---|---|---|---|"]
-  done = set()
+    grid.append([r["size"], r["seq"], "on" if r["packing"] else "off", chips(r), k[-1], memory,
+                 ratio, roofline, mfu, largest.get(k, "-")])
+  recipe, done = [], set()
   for (size, seq, packing, topology, form), r in sorted(cells.items()):
     # The seq-512 phase in this layer form if it fits, else in a form that does (remat).
     longs = sorted((c for c in cells.values() if cell(c) == (size, 512, packing, topology)),
@@ -183,16 +180,19 @@ def markdown_tables(rows) -> str:
       continue
     done.add((size, packing, topology))
     if not (r.get("roofline_step_seconds") and long.get("roofline_step_seconds")):
-      out.append(f"| {size} | {'on' if packing else 'off'} | {topology} "
-                 f"({r['num_devices']}) | batch 256 does not fit at seq 512 | - | - |")
+      recipe.append([size, "on" if packing else "off", chips(r),
+                     "batch 256 does not fit at seq 512", "-", "-"])
       continue
     seconds = PAPER_STEPS * (0.9 * r["roofline_step_seconds"]
                              + 0.1 * long["roofline_step_seconds"])
-    out.append(f"| {size} | {'on' if packing else 'off'} | {topology} ({r['num_devices']}) | "
-               f"{seconds / 86400:.2f} | {seconds / 3600 * r['num_devices']:.0f} | {form} / "
-               f"{layers(long)} |")
-  return "\n".join(out)
-
+    recipe.append([size, "on" if packing else "off", chips(r), f"{seconds / 86400:.2f}",
+                   f"{seconds / 3600 * r['num_devices']:.0f}", f"{form} / {layers(long)}"])
+  return "\n".join(bench_util.markdown_table(
+      ["model", "seq", "packing", "slice (chips)", "layers", "per chip at batch 256",
+       "XLA / analytic FLOPs", "roofline step (bound)", "est. MFU (ceiling)",
+       "largest global batch"], grid) + [""] + bench_util.markdown_table(
+      ["model", "packing", "slice (chips)", "paper's recipe: roofline days", "chip-hours",
+       "layers (seq 128 / seq 512)"], recipe))
 
 if __name__ == "__main__":
   main()
