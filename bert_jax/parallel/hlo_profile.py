@@ -169,7 +169,7 @@ def categorize(op: Operation, fused: set) -> str:
   base = op.opcode.replace("-start", "").replace("-done", "")
   path = op.op_name
   matmul = "dot" in opcodes or "convolution" in opcodes
-  if base in _COLLECTIVES or (collective_kind(op, fused) and not matmul):
+  if collective_kind(op, fused) and not matmul:
     return "collective"
   if "optimizer_update" in path:
     return "optimizer_update"

@@ -18,8 +18,8 @@ objective whose terms factor through per-row embeddings (`Objective.embed`,
 By the chain rule the sum is the gradient of the plain step (the same loss, differentiated
 through the whole batch at once), up to float32 summation order; memory holds one chunk's
 activations, time is one more forward pass of every chunk but the last (with one chunk, the
-plain step). A chunk's dropout draws are `fold_in(rng, chunk)`
-in both passes, so the two passes see the same masks (and other masks than the plain step's).
+plain step). A chunk's dropout draws are `fold_in(rng, chunk)` in both passes, so the two passes
+see the same masks (and other masks than the plain step's).
 
 Chunks are taken per data-parallel device: `rows` is each device's rows in a chunk, and chunk j
 holds rows j*rows .. (j+1)*rows - 1 of every device's part of the batch, so every chunk keeps
