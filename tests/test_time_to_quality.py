@@ -22,35 +22,11 @@ import pytest
 from benchmarks import time_to_quality as ttq
 from bert_jax.io import checkpoints
 from bert_jax.families.modernbert import config as modern_config
-from tests import finetuning_fixtures
-
-WORDS = finetuning_fixtures.WORDS[:-3]
-
-
-def _sentence(rng) -> str:
-  return " ".join(rng.choice(WORDS, size=int(rng.integers(4, 10)))) + " ."
-
-
-def _write_texts(root) -> str:
-  """Two files in the corpus's formats: one sentence per line (with a heading and a bracketed
-  note, as the Gutenberg books), and raw paragraphs with speaker lines (as tinyshakespeare)."""
-  rng = np.random.default_rng(0)
-  os.makedirs(root / "gutenberg")
-  lines = ["[ A Book by Someone 1900 ]"]
-  for chapter in range(1, 13):
-    lines.append(f"Chapter {chapter}")
-    lines += [_sentence(rng) for _ in range(12)]
-  (root / "gutenberg" / "book.txt").write_text("\n".join(lines) + "\n")
-  speeches = []
-  for i in range(60):
-    speeches.append(f"Speaker {'AB'[i % 2]}:\n" + "\n".join(
-        _sentence(rng).capitalize() for _ in range(2)))
-  (root / "play.txt").write_text("\n\n".join(speeches) + "\n")
-  return str(root)
-
+from tests import ttq_fixtures
+from tests.ttq_fixtures import FINETUNE, FLAGS, MODERN
 
 def test_documents_from_both_formats(tmp_path):
-  text_dir = _write_texts(tmp_path / "text")
+  text_dir = ttq_fixtures.write_texts(tmp_path / "text")
   docs = list(ttq.text_documents(text_dir, sentences_per_document=8))
   book = [d for d in docs if not d[0][0].isupper()]
   play = [d for d in docs if d[0][0].isupper()]
@@ -154,32 +130,9 @@ def test_the_plot_goes_to_out_unless_named(tmp_path):
   assert args.plot == "elsewhere.png"
 
 
-FLAGS = ["--size=tiny", "--seq=32", "--batch=8", "--max_predictions=5", "--log_every=2"]
-FINETUNE = ["--tasks=rte", "--seeds=1", "--ft_max_seq=32", "--ft_batch=4", "--ft_epochs=1",
-            "--ft_length_bucket=0"]
-MODERN = ["--batch_warmup_start=2", "--batch_warmup_fraction=0.25", "--local_attention=16",
-          "--modern_lr=2e-3"]
-
-
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-  """OUT/data prepared once at toy scale, and a GLUE folder of the fixtures; each test copies
-  the data into an OUT of its own."""
-  # Python's documentation as the third source: its first documents only. The package's
-  # `documents(max_documents)` reads every standard-library docstring before counting (~7 s).
-  from data_pipelines import demo_corpus
-  root = tmp_path_factory.mktemp("ttq_data")
-  rng = np.random.default_rng(1)
-  out = str(root / "out")
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(demo_corpus, "documents", lambda max_documents=0: iter(
-        [[_sentence(rng) for _ in range(6)] for _ in range(max_documents or 5)]))
-    ttq.main(FLAGS + [f"--out={out}", "--prepare", f"--text_dir={_write_texts(root / 'text')}",
-                      "--demo_documents=3", "--sentences_per_document=8", "--holdout_every=5",
-                      "--vocab_size=300", "--dupe_factor=2", "--eval_sequences=64",
-                      "--data_workers=1"])
-  glue_dir = finetuning_fixtures.write_glue_dir(str(root / "glue"), dict(train=16, dev=8, test=2))
-  return dict(data=os.path.join(out, "data"), glue_dir=glue_dir)
+  return ttq_fixtures.prepare_tiny(tmp_path_factory.mktemp("ttq_data"))
 
 
 def _out_with_data(tiny_data, tmp_path) -> str:
