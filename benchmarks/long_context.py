@@ -66,6 +66,7 @@ from benchmarks import bench_util  # noqa: E402
 from benchmarks import time_to_quality as ttq  # noqa: E402
 from benchmarks.bench_util import read_json, write_json  # noqa: E402
 from bert_jax import families  # noqa: E402
+from bert_jax.io import checkpoints  # noqa: E402
 from bert_jax.runtime.metric_writers import read_metrics  # noqa: E402
 from bert_jax.tasks import registry  # noqa: E402
 from bert_jax.text import tokenization  # noqa: E402
@@ -427,7 +428,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 f"frequent ids never targets, at most {args.max_targets} targets a row",
                 held_out_lengths=list(held_out_sets), trained={}, scores={}, held_out={})
   for name in MODELS:
-    model_config, params = ttq.jax_params_from_workdir(model_workdir(args, name))
+    model_config, params = checkpoints.load_params_from_workdir(model_workdir(args, name))
+    params = checkpoints.to_model_layout(params, model_config)
     model = families.of(model_config).pretraining_model(model_config, use_nsp=False)
     result["trained"][name] = (f"{info['seq']} tokens" if name == "pretrain" else
                                f"+ {extensions[name]['length']} tokens, "

@@ -154,6 +154,8 @@ def test_end_to_end_tiny(tmp_path):
       score = result["scores"][name][probe]
       assert score["targets"] > 0 and 0 <= score["full_accuracy"] <= 1, (name, probe)
       assert np.isfinite(score["log_prob_gain"]["mean"]), (name, probe)
+      # The far part differs between the conditions, and global layers read it.
+      assert score["full_log_prob"] != score["control_log_prob"], (name, probe)
     assert set(result["held_out"][name]) == {"32", "96"}
     assert all(np.isfinite(m["mlm_loss"]) for m in result["held_out"][name].values())
   with open(os.path.join(out, "long_context.md")) as f:
