@@ -292,11 +292,19 @@ def extend(args, side_args, info: dict, tokenizer, name: str) -> dict:
                  rows=config.global_batch_size, length=config.max_seq_length,
                  learning_rate=config.learning_rate,
                  global_rope_theta=config.model.global_rope_theta,
-                 first_loss=train[0]["loss"], final_loss=train[-1]["loss"],
                  train_seconds=train[-1]["train_seconds"], wall_seconds=time.time() - start)
   write_json(path, summary)
   print(json.dumps(summary), flush=True)
   return summary
+
+
+def loss_ends(workdir: str) -> Dict[str, float]:
+  """The mean training loss of the first and of the last quarter of a run's logged steps (one
+  logged batch's loss is too noisy to compare)."""
+  losses = [r["loss"] for r in read_metrics(workdir, "train")]
+  quarter = max(1, len(losses) // 4)
+  return dict(loss_first_quarter=float(np.mean(losses[:quarter])),
+              loss_last_quarter=float(np.mean(losses[-quarter:])))
 
 
 def model_workdir(args, name: str) -> str:
@@ -345,7 +353,8 @@ def markdown(result: dict) -> str:
   lines += bench_util.markdown_table(header, rows)
   lines += ["", "Extensions: " + "; ".join(
       f"{name} {s['steps']} steps of {s['rows']} x {s['length']} ({s['instances']}), lr "
-      f"{s['learning_rate']:.2e}, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f}, "
+      f"{s['learning_rate']:.2e}, training loss {s['loss_first_quarter']:.3f} -> "
+      f"{s['loss_last_quarter']:.3f} (mean of the first and last quarter of the logged steps), "
       f"{s['train_seconds']:.0f} s" for name, s in result["extensions"].items()) + ".",
             "", f"Machine: {result['machine']}."]
   return "\n".join(lines)
@@ -406,7 +415,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
   side_args = ttq_args(args)
   tokenizer = tokenization.FullTokenizer(ttq.data_path(args.ttq_out, "vocab.txt"),
                                          do_lower_case=True)
-  extensions = {name: extend(args, side_args, info, tokenizer, name) for name in EXTENSIONS}
+  extensions = {name: dict(extend(args, side_args, info, tokenizer, name),
+                          **loss_ends(os.path.join(args.out, name, "workdir")))
+                for name in EXTENSIONS}
 
   special = dict(cls=tokenizer.cls_id, sep=tokenizer.sep_id, mask=tokenizer.mask_id)
   excluded = excluded_ids(held_out_documents(ttq.data_path(args.ttq_out, "train.txt"), tokenizer),
