@@ -377,8 +377,8 @@ def plot(result: dict, path: str) -> str:
              capsize=3, color=COLORS[model], label=model)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(len(names)))
-    ax.set_xticklabels([f"{p['name']}: evidence > {p['distance']} tokens away\n(rows of "
-                        f"{p['length']})" for p in result["probes"]])
+    ax.set_xticklabels([f"{p['name']}: rows of {p['length']},\nevidence > {p['distance']} away"
+                        for p in result["probes"]])
     ax.set_ylabel(label)
   axes[0].legend()
   fig.suptitle("What each model reads from far evidence (masked repeated tokens)")
