@@ -312,7 +312,7 @@ def model_workdir(args, name: str) -> str:
                                                                          "workdir")
 
 
-def held_out_documents(path: str, tokenizer) -> List[np.ndarray]:
+def documents_of(path: str, tokenizer) -> List[np.ndarray]:
   """The documents of a file in BERT's input format (sentences a line, a blank line between
   documents), each as its tokens' ids."""
   with open(path, encoding="utf-8") as f:
@@ -328,8 +328,8 @@ def held_out_batches(config) -> List[dict]:
 
 # --- The report ----------------------------------------------------------------------------------
 
-def gain(value: dict, scale: float = 1.0) -> str:
-  return f"{value['mean'] * scale:+.3f} +- {value['stderr'] * scale:.3f}"
+def gain(value: dict) -> str:
+  return f"{value['mean']:+.3f} +- {value['stderr']:.3f}"
 
 
 def markdown(result: dict) -> str:
@@ -420,9 +420,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 for name in EXTENSIONS}
 
   special = dict(cls=tokenizer.cls_id, sep=tokenizer.sep_id, mask=tokenizer.mask_id)
-  excluded = excluded_ids(held_out_documents(ttq.data_path(args.ttq_out, "train.txt"), tokenizer),
+  excluded = excluded_ids(documents_of(ttq.data_path(args.ttq_out, "train.txt"), tokenizer),
                           tokenizer.vocab_size, args.frequent, tokenizer.special_ids)
-  documents = held_out_documents(ttq.data_path(args.ttq_out, "eval.txt"), tokenizer)
+  documents = documents_of(ttq.data_path(args.ttq_out, "eval.txt"), tokenizer)
   probe_list = probes(info["seq"], args.extend_length)
   rows = {p.name: probe_rows(documents, p, excluded, special, args.max_targets, args.seed)
           for p in probe_list}
@@ -430,7 +430,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
   # sequences at the extension length (the evaluation pipeline's fixed masks at 15%).
   long_config = extension_config(args, side_args, info, "documents", "",
                                  records(args, tokenizer, "eval", "documents"))
-  long_config.objective = "mlm"
   held_out_sets = {str(info["seq"]): ttq.load_eval_sets(args.ttq_out)["text"],
                    str(args.extend_length): held_out_batches(long_config)}
   result = dict(args=vars(args), machine=bench_util.machine_line(), extensions=extensions,
