@@ -24,10 +24,16 @@ def test_gelu_equals_the_exact_gelu_and_its_gradient():
   assert ops.gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
 
 
+# The tuned forms: 16-bit draws with the mask kept for the backward pass (CPU, GPU), and 32-bit
+# draws made again in the backward pass (TPU).
+DROPOUTS = [ops.Dropout, ops.RecomputedDropout]
+
+
+@pytest.mark.parametrize("dropout", DROPOUTS)
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.5])
-def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
+def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate, dropout):
   x = jnp.ones((64, 4, 128, 129))    # odd last axis: one word feeds two elements
-  out = ops.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  out = dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
   kept = np.asarray(out != 0)
   keep_probability = ops.keep_threshold(rate) / 65536
   assert abs(keep_probability - (1 - rate)) <= 1 / 65536
@@ -38,9 +44,10 @@ def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
   assert abs(float(out.mean()) - 1.0) < 3e-3
 
 
-def test_dropout_masks_are_independent_across_positions_and_keys():
+@pytest.mark.parametrize("dropout", DROPOUTS)
+def test_dropout_masks_are_independent_across_positions_and_keys(dropout):
   x = jnp.ones((256, 256))
-  apply = lambda key: ops.Dropout(0.5).apply({}, x, deterministic=False,
+  apply = lambda key: dropout(0.5).apply({}, x, deterministic=False,
                                              rngs={"dropout": jax.random.key(key)}) != 0
   a, b = np.asarray(apply(0)), np.asarray(apply(1))
   assert 0.45 < (a == b).mean() < 0.55                # different keys, different masks
@@ -50,36 +57,54 @@ def test_dropout_masks_are_independent_across_positions_and_keys():
   np.testing.assert_array_equal(a, np.asarray(apply(0)))   # same key, same mask
 
 
-def test_dropout_deterministic_and_edge_rates():
+@pytest.mark.parametrize("dropout", DROPOUTS)
+def test_dropout_deterministic_and_edge_rates(dropout):
   x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
   rngs = {"dropout": jax.random.key(0)}
-  np.testing.assert_array_equal(ops.Dropout(0.1).apply({}, x, deterministic=True), x)
-  np.testing.assert_array_equal(ops.Dropout(0.0).apply({}, x, deterministic=False, rngs=rngs), x)
-  np.testing.assert_array_equal(ops.Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs), 0)
+  np.testing.assert_array_equal(dropout(0.1).apply({}, x, deterministic=True), x)
+  np.testing.assert_array_equal(dropout(0.0).apply({}, x, deterministic=False, rngs=rngs), x)
+  np.testing.assert_array_equal(dropout(1.0).apply({}, x, deterministic=False, rngs=rngs), 0)
   # The flax interface: the 'dropout' RNG stream is required when not deterministic.
   with pytest.raises(Exception):
-    ops.Dropout(0.1).apply({}, x, deterministic=False)
+    dropout(0.1).apply({}, x, deterministic=False)
 
 
-def test_dropout_gradient_is_the_mask_times_the_scale():
+@pytest.mark.parametrize("dropout", DROPOUTS)
+def test_dropout_gradient_is_the_mask_times_the_scale(dropout):
   x = jax.random.normal(jax.random.PRNGKey(0), (16, 33))
   rngs = {"dropout": jax.random.key(3)}
-  f = lambda t: ops.Dropout(0.2).apply({}, t, deterministic=False, rngs=rngs)
+  f = lambda t: dropout(0.2).apply({}, t, deterministic=False, rngs=rngs)
   grad = jax.grad(lambda t: f(t).sum())(x)
   expected = (np.asarray(f(x)) != 0) * (65536 / ops.keep_threshold(0.2))
   np.testing.assert_allclose(grad, expected, rtol=1e-6)
 
 
-def test_dropout_inside_a_module_uses_the_module_rng_stream():
+@pytest.mark.parametrize("dropout", DROPOUTS)
+def test_dropout_inside_a_module_uses_the_module_rng_stream(dropout):
   class Net(nn.Module):
     @nn.compact
     def __call__(self, x):
-      return ops.Dropout(0.5)(x, deterministic=False) + ops.Dropout(0.5)(x, deterministic=False)
+      return dropout(0.5)(x, deterministic=False) + dropout(0.5)(x, deterministic=False)
 
   x = jnp.ones((64, 64))
   out = Net().apply({}, x, rngs={"dropout": jax.random.key(0)})
   # Two sibling modules draw different masks (each folds in its own path): sums of 0, 2 and 4.
   assert set(np.unique(np.round(np.asarray(out), 3))) == {0.0, 2.0, 4.0}
+
+
+def test_recomputed_dropout_keeps_no_mask_for_the_backward_pass():
+  """Its backward pass draws the mask again from the key: the residuals between the passes are
+  the key alone (no [.., L] boolean), and under jit the gradient is still the forward's mask."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (8, 128))
+  rngs = {"dropout": jax.random.key(5)}
+  f = lambda t: ops.RecomputedDropout(0.3).apply({}, t, deterministic=False, rngs=rngs)
+  _, vjp = jax.vjp(f, x)
+  residual_shapes = [np.shape(leaf) for leaf in jax.tree_util.tree_leaves(vjp)]
+  assert all(np.prod(shape) < x.size for shape in residual_shapes), residual_shapes
+  grad = jax.jit(jax.grad(lambda t: (f(t) * t).sum()))(x)
+  out = np.asarray(f(x))
+  np.testing.assert_allclose(grad, out + x * (out != 0) * (65536 / ops.keep_threshold(0.3)),
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_add_bias_gradients_equal_the_broadcast_add():
@@ -223,6 +248,8 @@ def test_auto_is_every_tuned_form_on_cpu_and_the_measured_choice_elsewhere():
                                                                  "float32_products": False}
   assert kernels.textbook_parts("auto", "tpu") == frozenset(                 # libtpu's bytes
       {"plain_bias", "autodiff_dense", "cast_then_gather"})
+  assert kernels.select("auto", "tpu").Dropout is ops.RecomputedDropout      # no mask in HBM
+  assert kernels.select("auto", "gpu").Dropout is ops.Dropout
   assert kernels.textbook_parts("textbook", "cpu") == set(kernels.PARTS)
   assert kernels.textbook_parts("tuned", "gpu") == frozenset()
   assert kernels.textbook_parts("tuned,plain_bias", "cpu") == {"plain_bias"}

@@ -12,6 +12,9 @@ part buys today: benchmarks/RESULTS.md, "Hand-tuned kernels per backend"):
   probability is quantised to 1/65536 (rate 0.1 keeps with probability 58982/65536 =
   0.8999939) and the survivors are scaled by the inverse of *that* probability, so the expected
   output equals the input exactly.
+- `RecomputedDropout` (TPU): the same keep probability and scale, its mask drawn 32 bits an
+  element and drawn again in the backward pass instead of stored, so that XLA fuses the draws
+  into the ops that read them (a memory-bound TPU step moves fewer bytes; more threefry work).
 - `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]) and of the tied MLM
   decoder, whose kernel gradient is one 2-D matmul over the flattened rows, taken as [N, K] and
   transposed when K > N if `transpose_wide_grad` (the CPU orientation). Autodiff of the 3-D
@@ -79,9 +82,62 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    keep = dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape)
-    scale = jnp.asarray(65536.0 / keep_threshold(self.rate), x.dtype)
-    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+    return _dropped(x, dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape),
+                    self.rate)
+
+
+def _dropped(x: Array, keep: Array, rate: float) -> Array:
+  """The survivors of `keep` scaled by the inverse of the quantised keep probability."""
+  scale = jnp.asarray(65536.0 / keep_threshold(rate), x.dtype)
+  return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
+def recomputed_keep_mask(rng: Array, rate: float, shape) -> Array:
+  """`dropout_keep_mask`'s distribution from one 32-bit draw per element (its top 16 bits
+  against the same threshold): each element's draw is a function of its index alone, with no
+  reshape of words into halves, so XLA can compute it inside the fusion that reads it."""
+  threshold = keep_threshold(rate)
+  if threshold == 65536:
+    return jnp.ones(shape, bool)
+  return (jax.random.bits(rng, shape, jnp.uint32) >> np.uint32(16)) < np.uint32(threshold)
+
+
+class RecomputedDropout(nn.Module):
+  """`Dropout` whose mask is never stored: the forward and the backward pass each draw it from
+  the key (`recomputed_keep_mask`), inside the fusions that read it, so neither the random bits
+  nor the mask reach HBM. The TPU form (`kernels.select`): compiled by libtpu for a v5litepod-8,
+  ModernBERT-base's step with attention-output dropout 0.1 moved 123.7 GB per chip with
+  `Dropout` (its bits hoisted into fusions of their own and the masks kept for the backward
+  pass) and 109.9 GB with this one, less than with no dropout at all (116.0;
+  benchmarks/RESULTS.md). The keep probability and scale are `Dropout`'s; the masks differ."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    return _recomputed(x, self.make_rng("dropout"), self.rate)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _recomputed(x: Array, key: Array, rate: float) -> Array:
+  return _dropped(x, recomputed_keep_mask(key, rate, x.shape), rate)
+
+
+def _recomputed_forward(x, key, rate):
+  return _recomputed(x, key, rate), key          # the key is the only residual
+
+
+def _recomputed_backward(rate, key, g):
+  # The barrier keeps XLA from recognising this draw as the forward one and storing that mask
+  # for both passes (common-subexpression elimination), which is what it avoids.
+  key = jax.lax.optimization_barrier(key)
+  return _dropped(g, recomputed_keep_mask(key, rate, g.shape), rate), None
+
+
+_recomputed.defvjp(_recomputed_forward, _recomputed_backward)
 
 
 def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
