@@ -178,6 +178,8 @@ class Linear(nn.Module):
     if columns is not None:
       kernel = kernel[:, columns[0]:columns[1]]
       bias = None if bias is None else bias[columns[0]:columns[1]]
+    if equation == _HEADS_FIRST:
+      return _heads_first(x, kernel.reshape(kernel_shape))
     if equation is None:
       y = _blocks(c).dense_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
       return y if bias is None else y + bias
@@ -186,11 +188,40 @@ class Linear(nn.Module):
 
   def heads_first(self, x, heads: int):
     """The fused q, k, v projection [B, S, H] -> 3 x [B, N, S, D], one product per output (no
-    [3, ...] buffer to slice)."""
+    [3, ...] buffer to slice); without a bias, one product over all three in the backward pass
+    (`_heads_first`)."""
     hidden, width = x.shape[-1], self.features // 3
     dim = width // heads
+    if not self.use_bias:
+      return self(x, _HEADS_FIRST, (hidden, 3, heads, dim))
     return tuple(self(x, "bsh,hnd->bnsd", (hidden, heads, dim), (heads, 1, dim),
                       columns=(i * width, (i + 1) * width)) for i in range(3))
+
+
+_HEADS_FIRST = "heads_first"   # Linear's equation for `_heads_first`
+
+
+@jax.custom_vjp
+def _heads_first(x: Array, kernel: Array):
+  """x [B, S, H], kernel [H, 3, N, D] -> q, k, v [B, N, S, D], one product each."""
+  return tuple(jnp.einsum("bsh,hnd->bnsd", x, kernel[:, i]) for i in range(3))
+
+
+def _heads_first_forward(x, kernel):
+  return _heads_first(x, kernel), (x, kernel)
+
+
+def _heads_first_backward(residuals, grads):
+  # The three cotangents stacked into one product for x and one for the kernel: autodiff's
+  # three products each read x again and wrote a partial sum of x's gradient (compiled for a
+  # v5litepod-8, ModernBERT-base's products moved 3.2 GB more per chip per step;
+  # benchmarks/history/2026-12-02-modern-tpu-dropout.md). XLA fuses the stacking into them.
+  x, kernel = residuals
+  g = jnp.stack(grads)                                                        # [3, B, N, S, D]
+  return jnp.einsum("cbnsd,hcnd->bsh", g, kernel), jnp.einsum("bsh,cbnsd->hcnd", x, g)
+
+
+_heads_first.defvjp(_heads_first_forward, _heads_first_backward)
 
 
 class Attention(nn.Module):
