@@ -71,6 +71,7 @@ def modern_twin(quick: bool):
   # No dropout, as the BERT demo (a short run underfits; dropout only slows it): the recipe's 0.1
   # on the attention output is for its 1.7T tokens.
   c.model.attention_output_dropout_prob = 0.0
+  c.shard_optimizer_state = False   # one host, usually one device: nothing to split the moments over
   c.max_seq_length, c.max_predictions_per_seq = 128, 40     # 0.30 * 126 = 38 predictions a row
   c.global_batch_size, c.eval_batch_size = 32, 64
   # The recipe's batch warm-up, scaled: 8 -> 32 rows over the first 1.2M tokens (587 steps,

@@ -248,8 +248,7 @@ def test_auto_is_every_tuned_form_on_cpu_and_the_measured_choice_elsewhere():
                                                                  "float32_products": False}
   assert kernels.textbook_parts("auto", "tpu") == frozenset(                 # libtpu's bytes
       {"plain_bias", "autodiff_dense", "cast_then_gather"})
-  assert kernels.select("auto", "tpu").Dropout is ops.RecomputedDropout      # no mask in HBM
-  assert kernels.select("auto", "gpu").Dropout is ops.Dropout
+  assert kernels.select("auto", "tpu").Dropout is ops.Dropout   # BERT's; ModernBERT's below
   assert kernels.textbook_parts("textbook", "cpu") == set(kernels.PARTS)
   assert kernels.textbook_parts("tuned", "gpu") == frozenset()
   assert kernels.textbook_parts("tuned,plain_bias", "cpu") == {"plain_bias"}
@@ -323,3 +322,14 @@ def test_a_textbook_model_trains_with_flax_dropout():
   (deterministic_loss, _), _ = _pretraining_loss_and_grads("textbook")
   assert np.isfinite(loss) and loss != deterministic_loss
   assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_the_modern_family_drops_out_with_the_recomputed_mask_on_tpu_only():
+  """ModernBERT's [B, S, H] dropouts take `RecomputedDropout` where the tuned form is chosen on
+  TPU (no mask in HBM), `Dropout` elsewhere, and flax's where the config asks for it."""
+  from bert_jax.families.modernbert import model as modern
+  config = BertConfig.named("modernbert-base")
+  assert modern._dropout(config) is ops.Dropout
+  with kernels.compiling_for("tpu"):
+    assert modern._dropout(config) is ops.RecomputedDropout
+    assert modern._dropout(config.replace(kernels="auto,flax_dropout")) is nn.Dropout

@@ -127,6 +127,45 @@ def test_a_window_equals_banded_attention_with_gradients(causal):
   assert not np.allclose(out, full, atol=1e-3)
 
 
+@pytest.mark.parametrize("window", [None, WINDOW])
+def test_rotary_positions_turned_inside_the_kernels_equal_turning_before_them(window):
+  """`rotary`: q and k come in unturned and unscaled and the three kernels turn them by their
+  positions (restarting in each packed segment), the backward ones turning dq and dk back:
+  the values and gradients of rotating with the model's `apply_rotary` first."""
+  from bert_jax.families.modernbert import model as modern
+  q, k, v, segments = _windowed_inputs()
+  ids = np.asarray(segments)
+  starts = np.maximum.accumulate(np.where(np.diff(ids, prepend=-1, axis=1) != 0,
+                                          np.arange(SW)[None], 0), axis=1)
+  positions = jnp.asarray(np.arange(SW)[None] - starts, jnp.int32)             # [B, SW]
+  assert int(positions[0, 90]) == 0 and int(positions[0, 89]) == 89
+  theta = 160_000.0
+  weights = jnp.asarray(np.random.RandomState(6).randn(B, N, SW, D), jnp.float32)
+  heads_first = lambda t: t.transpose(0, 2, 1, 3)                              # [B, N, S, D]
+
+  def turned_before(q, k, v):
+    cos, sin = modern.rotary_tables(positions, D, theta)
+    q, k = (modern.apply_rotary(t, cos, sin, heads_first=True) for t in (q, k))
+    return jnp.sum(splash.splash_attention_heads_first(q, k, v, segments, window=window)
+                   * weights)
+
+  def turned_inside(q, k, v):
+    rotary = splash.Rotary(positions, jnp.asarray(modern.rotary_frequencies(D, theta)))
+    return jnp.sum(splash.splash_attention_heads_first(q, k, v, segments, window=window,
+                                                       rotary=rotary) * weights)
+
+  q, k, v = (heads_first(t) for t in (q, k, v))
+  expected, expected_grads = jax.value_and_grad(turned_before, argnums=(0, 1, 2))(q, k, v)
+  got, grads = jax.value_and_grad(turned_inside, argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  for name, a, b in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+  # Turning matters: without it the kernel computes something else.
+  unturned = jax.grad(lambda q: jnp.sum(splash.splash_attention_heads_first(
+      q, k, v, segments, window=window) * weights))(q)
+  assert not np.allclose(unturned, grads[0], atol=1e-3)
+
+
 def test_a_window_skips_the_blocks_outside_the_band():
   """At 1,024 positions and window 64 the kernel takes 128-position blocks and visits 3 key
   blocks per query block, not 8; the FLOPs count only the band."""

@@ -9,7 +9,7 @@ model); they differ in how XLA compiles them. The parts, each named by its textb
 
   jax_gelu          jax.nn.gelu(approximate=False) instead of ops.gelu (the erf form)
   flax_dropout      flax.linen.Dropout (32-bit bernoulli draws) instead of ops.Dropout (16-bit;
-                    on TPU ops.RecomputedDropout, its mask drawn again in the backward pass)
+                    the ModernBERT family on TPU: ops.RecomputedDropout)
   plain_bias        x + bias instead of ops.add_bias (bias gradient as a matrix-vector product)
   einsum_attention  einsums over [B, S, N, D] instead of ops.xla_attention's heads-first layout
   optax_xent        optax.softmax_cross_entropy_with_integer_labels and argmax accuracy instead
@@ -36,10 +36,12 @@ benchmarks/history/2026-11-28-finished-studies.md):
        lowers XLA's bytes accessed at the same FLOPs (together 2.11 vs 2.79 GB per device,
        roofline 2.58 vs 3.40 ms); the tuned GELU and cross-entropy lower them, attention compiles
        to the same program, and flax's dropout lowers bytes but adds 5% FLOPs of random bits
-       (kept tuned). The tuned dropout there is ops.RecomputedDropout: no random bits or
-       masks in HBM (ModernBERT-base, attention-output dropout 0.1, v5litepod-8: 123.7 ->
-       109.9 GB per chip, est. MFU 45.6% -> 51.3%). An estimate from the compiler's cost
-       analysis, not a timing on a TPU.
+       (kept tuned). The ModernBERT family's tuned dropout there is ops.RecomputedDropout:
+       no random bits or masks in HBM (ModernBERT-base, attention-output dropout 0.1,
+       v5litepod-8: 123.7 -> 109.9 GB per chip, est. MFU 45.6% -> 51.3%); BERT keeps
+       ops.Dropout (its dropout on [B, N, S, S] probabilities drawn twice, 32 bits an element,
+       added 14% to a tiny step's FLOPs). An estimate from the compiler's cost analysis, not a
+       timing on a TPU.
        The tuned cross-entropy reads the label's logit as a masked sum there
        (`ops.softmax_cross_entropy(label_by_mask=True)`: the same values, fused with the
        logsumexp instead of a gather from float32 logits written out for it).
@@ -175,8 +177,7 @@ def select(spec: str = "auto", backend: Optional[str] = None) -> Kernels:
           else ops.softmax_cross_entropy)
   return Kernels(
       gelu=pick("jax_gelu", ops.gelu, functools.partial(jax.nn.gelu, approximate=False)),
-      Dropout=pick("flax_dropout",
-                   ops.RecomputedDropout if backend == "tpu" else ops.Dropout, nn.Dropout),
+      Dropout=pick("flax_dropout", ops.Dropout, nn.Dropout),
       add_bias=pick("plain_bias", ops.add_bias, plain_bias),
       attention=pick("einsum_attention", ops.xla_attention, einsum_attention),
       softmax_cross_entropy=pick("optax_xent", xent, optax_cross_entropy),

@@ -12,9 +12,10 @@ part buys today: benchmarks/RESULTS.md, "Hand-tuned kernels per backend"):
   probability is quantised to 1/65536 (rate 0.1 keeps with probability 58982/65536 =
   0.8999939) and the survivors are scaled by the inverse of *that* probability, so the expected
   output equals the input exactly.
-- `RecomputedDropout` (TPU): the same keep probability and scale, its mask drawn 32 bits an
-  element and drawn again in the backward pass instead of stored, so that XLA fuses the draws
-  into the ops that read them (a memory-bound TPU step moves fewer bytes; more threefry work).
+- `RecomputedDropout` (the ModernBERT family on TPU): the same keep probability and scale, its
+  mask drawn 32 bits an element and drawn again in the backward pass instead of stored, so that
+  XLA fuses the draws into the ops that read them (a memory-bound TPU step moves fewer bytes;
+  more threefry work).
 - `dense_dot_general`: the product of every `nn.Dense` ([..., K] x [K, N]) and of the tied MLM
   decoder, whose kernel gradient is one 2-D matmul over the flattened rows, taken as [N, K] and
   transposed when K > N if `transpose_wide_grad` (the CPU orientation). Autodiff of the 3-D
@@ -82,8 +83,10 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    return _dropped(x, dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape),
-                    self.rate)
+    return self.drop(x, self.make_rng("dropout"))
+
+  def drop(self, x: Array, key: Array) -> Array:
+    return _dropped(x, dropout_keep_mask(key, self.rate, x.shape), self.rate)
 
 
 def _dropped(x: Array, keep: Array, rate: float) -> Array:
@@ -102,23 +105,18 @@ def recomputed_keep_mask(rng: Array, rate: float, shape) -> Array:
   return (jax.random.bits(rng, shape, jnp.uint32) >> np.uint32(16)) < np.uint32(threshold)
 
 
-class RecomputedDropout(nn.Module):
+class RecomputedDropout(Dropout):
   """`Dropout` whose mask is never stored: the forward and the backward pass each draw it from
   the key (`recomputed_keep_mask`), inside the fusions that read it, so neither the random bits
-  nor the mask reach HBM. The TPU form (`kernels.select`): compiled by libtpu for a v5litepod-8,
-  ModernBERT-base's step with attention-output dropout 0.1 moved 123.7 GB per chip with
+  nor the mask reach HBM. The ModernBERT family's form on TPU (`families/modernbert/model.py`
+  `_dropout`): compiled by libtpu for a v5litepod-8, ModernBERT-base's step with
+  attention-output dropout 0.1 moved 123.7 GB per chip with
   `Dropout` (its bits hoisted into fusions of their own and the masks kept for the backward
   pass) and 109.9 GB with this one, less than with no dropout at all (116.0;
   benchmarks/RESULTS.md). The keep probability and scale are `Dropout`'s; the masks differ."""
-  rate: float
 
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    return _recomputed(x, self.make_rng("dropout"), self.rate)
+  def drop(self, x: Array, key: Array) -> Array:
+    return _recomputed(x, key, self.rate)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

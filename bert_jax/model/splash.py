@@ -22,6 +22,10 @@ residual (the logsumexp per query row) as one float32 per row instead of a 128-l
 three kernels read the segment ids as a [1, S] row, and the backward ones the logsumexp and
 `di` as [N, 1, S] (see `_forward`, `_backward_dq`, `_backward_dkv`).
 
+With `rotary` (the ModernBERT family) the kernels also apply the rotary positions to q and k
+in vector memory, and the backward kernels turn dq and dk back ("rotary positions in the
+kernels" below).
+
 On CPU the same kernel runs in Pallas' interpret mode (slow; for tests). Under `jit` over a mesh
 (`jax.sharding.use_mesh`, which `parallel.strategies` sets while tracing a step) the kernel runs
 per device with `shard_map`: the batch split along `data`, the heads along `model`.
@@ -144,14 +148,81 @@ def _lay_down(row_ref, block_ref):
   block_ref[...] = jnp.broadcast_to(row, (block_ref.shape[-1], row.shape[-1])).T   # [b, 128]
 
 
+# ------------------------------------------------------------ rotary positions in the kernels
+# With `rotary` (ModernBERT on TPU), q and k come in unrotated and q unscaled: each kernel turns
+# the blocks it reads by their positions' angles in vector memory (q once per query block, k at
+# every step that reads it, the angles computed there from the position ids), and the backward
+# kernels turn dq and dk back before writing them. XLA's passes over q and k that did it before
+# the kernels, and over dq and dk after them, are gone (4.8 GB a step of ModernBERT-base on a
+# v5litepod-8). The function is the model's `apply_rotary` then the 1/sqrt(D) scale of q.
+
+
+class Rotary(NamedTuple):
+  positions: Array     # [B, S] int32: each token's position in its sequence
+  inv_freq: Array      # [D] float32: the rotary frequencies, repeated in both halves
+
+
+def _turned(x, positions_row, inv_freq_row, direction: float):
+  """x [b, D] turned by its rows' angles: positions_row [1, b] int32, inv_freq_row [1, 128]
+  float32 (the D frequencies, then zeros); direction -1 turns back (the transpose). In float32,
+  returned in x's dtype. The halves are swapped by a product with the [D, D] permutation, as
+  `_turn` does on TPU."""
+  rows, dim = x.shape
+  lanes = inv_freq_row.shape[-1]
+  positions = jnp.broadcast_to(positions_row.astype(jnp.float32), (lanes, rows)).T  # [b, 128]
+  angles = positions * inv_freq_row                                                # [b, 128]
+  cos, sin = jnp.cos(angles)[:, :dim], jnp.sin(angles)[:, :dim]                    # [b, D]
+  lane = jax.lax.broadcasted_iota(jnp.int32, (1, dim), 1)
+  sign = jnp.where(lane < dim // 2, -direction, direction).astype(jnp.float32)     # [1, D]
+  row, column = (jax.lax.broadcasted_iota(jnp.int32, (dim, dim), d) for d in (0, 1))
+  swap = (column == (row + dim // 2) % dim).astype(x.dtype)                        # [D, D]
+  swapped = jnp.dot(x, swap, preferred_element_type=jnp.float32)                  # (x2, x1)
+  return x.astype(jnp.float32) * cos + swapped * (sin * sign)
+
+
+def _rotary_operands(rotary: Optional[Rotary], q_block, k_block, bq: int, bkv: int):
+  """The query rows' and key rows' positions ([1, S] rows) and the frequencies ([1, 128]), with
+  their block specs (index maps `q_block`, `k_block` give the block along S), as `_Operands`;
+  None x 3 without rotary."""
+  if rotary is None:
+    return _Operands([None] * 3, (None,) * 3)
+  row = rotary.positions[None, :]                                                  # [1, S]
+  lanes = kernel_lib.NUM_LANES
+  if rotary.inv_freq.shape[-1] > lanes:
+    raise ValueError(f"splash attention turns rotary positions for heads of at most {lanes} "
+                     f"dimensions, got {rotary.inv_freq.shape[-1]}")
+  freqs = jnp.zeros((1, lanes), jnp.float32).at[0, :rotary.inv_freq.shape[-1]].set(
+      rotary.inv_freq)                                                             # [1, 128]
+  return _Operands([pl.BlockSpec((1, bq), lambda *a: (0, q_block(*a))),
+                    pl.BlockSpec((1, bkv), lambda *a: (0, k_block(*a))),
+                    pl.BlockSpec((1, lanes), lambda *_: (0, 0))], (row, row, freqs))
+
+
+def _turn_into(scratch, ref, positions_ref, freqs_ref, scale: float = 1.0):
+  scratch[...] = (_turned(ref[...], positions_ref[...], freqs_ref[...], 1.0)
+                  * scale).astype(scratch.dtype)
+
+
+def _turn_back(ref, positions_ref, freqs_ref, scale: float = 1.0):
+  ref[...] = (_turned(ref[...], positions_ref[...], freqs_ref[...], -1.0)
+              * scale).astype(ref.dtype)
+
+
 def _forward_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
                     q_segment_row_ref, kv_segment_ids_ref, mask_ref, q_sequence_ref,
+                    q_positions_ref, k_positions_ref, freqs_ref,
                     o_ref, logsumexp_ref, m_scratch, l_scratch, o_scratch, rows_scratch,
-                    q_segment_ids_scratch, *, grid_width: int, **options):
+                    q_segment_ids_scratch, q_turned, k_turned, *, grid_width: int,
+                    scale: float, **options):
   @pl.when(pl.program_id(2) == 0)   # a query block's first step
   def _():
     _lay_down(q_segment_row_ref, q_segment_ids_scratch)
+    if freqs_ref is not None:
+      _turn_into(q_turned, q_ref, q_positions_ref, freqs_ref, scale)
 
+  if freqs_ref is not None:
+    _turn_into(k_turned, k_ref, k_positions_ref, freqs_ref)
+    q_ref, k_ref = q_turned, k_turned
   kernel_lib.flash_attention_kernel(
       data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_scratch,
       kv_segment_ids_ref, None, mask_ref, q_sequence_ref, m_scratch, l_scratch, o_scratch,
@@ -198,10 +269,18 @@ def _query_major(mask_info, q, k, v, segment_ids, bq: int, bkv: int):
        jax.lax.broadcast_in_dim(q_sequence, (seq_len, lanes), (0,))))
   grid_width = (mask_info.data_next.shape[-1] if mask_info.data_next is not None
                 else seq_len // bkv)
-  return lead, tail, (heads, seq_len // bq, grid_width)
+  key_block = lambda h, i, j, *refs: keys(h, i, j, *refs)[1]
+  return lead, tail, (heads, seq_len // bq, grid_width), key_block
 
 
-def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: bool):
+def _rotary_scratch(rotary, q, bq: int, bkv: int):
+  """Vector-memory blocks for the turned q and k (unused without rotary)."""
+  rows = (bq, bkv) if rotary is not None else (8, 8)
+  return [pltpu.VMEM((rows[0], q.shape[-1]), q.dtype), pltpu.VMEM((rows[1], q.shape[-1]), q.dtype)]
+
+
+def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: bool,
+             rotary: Optional[Rotary] = None, scale: float = 1.0):
   """The library's `_splash_attention_forward` with save_residuals, for multi-head attention
   without sinks or a soft cap: q, k, v [N, S, D] -> out [N, S, D], logsumexp [N, S] float32.
   It calls the library's kernel body and block logic (jax 0.10.2): after a jax upgrade, run
@@ -210,42 +289,47 @@ def _forward(mask_info, q, k, v, segment_ids, sizes, mask_function, interpret: b
   bq, bkv, bkv_compute = sizes.block_q, sizes.block_kv, sizes.block_kv_compute
   lanes = kernel_lib.NUM_LANES
 
-  lead, tail, grid = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
+  lead, tail, grid, key_block = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
+  turns = _rotary_operands(rotary, lambda h, i, j, *_: i, key_block, bq, bkv)
   out, logsumexp = pl.pallas_call(
-      functools.partial(_forward_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
+      functools.partial(_forward_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE, scale=scale,
                         grid_width=grid[-1], bq=bq, bkv=bkv, bkv_compute=bkv_compute,
                         head_dim_v=head_dim, q_layout=sizes.q_layout, k_layout=sizes.k_layout,
                         v_layout=sizes.v_layout, attn_logits_soft_cap=None,
                         mask_function=mask_function),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=3, in_specs=lead.specs + tail.specs,
+          num_scalar_prefetch=3, in_specs=lead.specs + tail.specs + turns.specs,
           out_specs=[pl.BlockSpec((None, bq, head_dim), _rows),
                      pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))],
           scratch_shapes=[pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, lanes), jnp.float32),
                           pltpu.VMEM((bq, head_dim), jnp.float32),
                           pltpu.VMEM((bq, lanes), jnp.float32),
-                          pltpu.VMEM((bq, lanes), segment_ids.q.dtype)],
+                          pltpu.VMEM((bq, lanes), segment_ids.q.dtype),
+                          *_rotary_scratch(rotary, q, bq, bkv)],
           grid=grid),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "arbitrary", "arbitrary")),
       out_shape=[jax.ShapeDtypeStruct((heads, seq_len, head_dim), q.dtype),
                  jax.ShapeDtypeStruct((heads, 1, seq_len), jnp.float32)],
       name="splash_mha_fwd_segmented_row_residuals", interpret=interpret,
-  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, *lead.arrays, *tail.arrays)
+  )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, *lead.arrays, *tail.arrays,
+    *turns.arrays)
   return out, logsumexp[:, 0]                                      # [N, S, D], [N, S]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _attention(sizes, mask_function, interpret, fwd_info, dq_info, dkv_info, q, k, v,
-               segment_ids):
-  return _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _attention(sizes, mask_function, interpret, scale, fwd_info, dq_info, dkv_info, q, k, v,
+               segment_ids, rotary):
+  return _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret, rotary,
+                  scale)[0]
 
 
-def _attention_forward(sizes, mask_function, interpret, fwd_info, dq_info, dkv_info, q, k, v,
-                       segment_ids):
-  out, logsumexp = _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret)
-  return out, (q, k, v, segment_ids, None, out, logsumexp, dq_info, dkv_info)
+def _attention_forward(sizes, mask_function, interpret, scale, fwd_info, dq_info, dkv_info, q,
+                       k, v, segment_ids, rotary):
+  out, logsumexp = _forward(fwd_info, q, k, v, segment_ids, sizes, mask_function, interpret,
+                            rotary, scale)
+  return out, (q, k, v, segment_ids, rotary, out, logsumexp, dq_info, dkv_info)
 
 
 # ------------------------------------------------------------------------ the backward pass
@@ -260,43 +344,70 @@ def _attention_forward(sizes, mask_function, interpret, fwd_info, dq_info, dkv_i
 
 def _dq_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
                q_segment_row_ref, kv_segment_ids_ref, logsumexp_ref, do_ref, di_ref, mask_ref,
-               q_sequence_ref, dq_ref, dq_scratch, q_segment_ids_scratch, **options):
+               q_sequence_ref, q_positions_ref, k_positions_ref, freqs_ref, dq_ref, dq_scratch,
+               q_segment_ids_scratch, q_turned, k_turned, *, grid_width: int, scale: float,
+               **options):
   @pl.when(pl.program_id(2) == 0)   # a query block's first step
   def _():
     _lay_down(q_segment_row_ref, q_segment_ids_scratch)
+    if freqs_ref is not None:
+      _turn_into(q_turned, q_ref, q_positions_ref, freqs_ref, scale)
 
+  if freqs_ref is not None:
+    _turn_into(k_turned, k_ref, k_positions_ref, freqs_ref)
   kernel_lib._flash_attention_dq_kernel(
-      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_scratch,
-      kv_segment_ids_ref, None, logsumexp_ref, do_ref, di_ref, mask_ref, q_sequence_ref,
-      dq_scratch, dq_ref, **options)
+      data_next_ref, block_mask_ref, mask_next_ref,
+      q_turned if freqs_ref is not None else q_ref, k_turned if freqs_ref is not None else k_ref,
+      v_ref, q_segment_ids_scratch, kv_segment_ids_ref, None, logsumexp_ref, do_ref, di_ref,
+      mask_ref, q_sequence_ref, dq_scratch, dq_ref, grid_width=grid_width, **options)
+
+  if freqs_ref is not None:
+    @pl.when(pl.program_id(2) == grid_width - 1)   # dq written: back to the unturned q's
+    def _():
+      _turn_back(dq_ref, q_positions_ref, freqs_ref, scale)
 
 
 def _dkv_kernel(data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref,
                 q_segment_ids_ref, kv_segment_row_ref, logsumexp_ref, do_ref, di_ref, mask_ref,
-                q_sequence_ref, dk_ref, dv_ref, dk_scratch, dv_scratch, kv_segment_ids_scratch,
-                **options):
+                q_sequence_ref, q_positions_ref, k_positions_ref, freqs_ref, dk_ref, dv_ref,
+                dk_scratch, dv_scratch, kv_segment_ids_scratch, q_turned, k_turned, *,
+                grid_width: int, scale: float, **options):
   @pl.when((pl.program_id(1) == 0) & (pl.program_id(2) == 0))   # a key block's first step
   def _():
     _lay_down(kv_segment_row_ref, kv_segment_ids_scratch)
 
+  if freqs_ref is not None:
+    @pl.when(pl.program_id(2) == 0)   # a (key block, head)'s first step
+    def _():
+      _turn_into(k_turned, k_ref, k_positions_ref, freqs_ref)
+
+    _turn_into(q_turned, q_ref, q_positions_ref, freqs_ref, scale)
   kernel_lib._flash_attention_dkv_kernel(
-      data_next_ref, block_mask_ref, mask_next_ref, q_ref, k_ref, v_ref, q_segment_ids_ref,
-      kv_segment_ids_scratch, None, logsumexp_ref, do_ref, di_ref, mask_ref, q_sequence_ref,
-      None, dk_scratch, dv_scratch, None, dk_ref, dv_ref, **options)
+      data_next_ref, block_mask_ref, mask_next_ref,
+      q_turned if freqs_ref is not None else q_ref, k_turned if freqs_ref is not None else k_ref,
+      v_ref, q_segment_ids_ref, kv_segment_ids_scratch, None, logsumexp_ref, do_ref, di_ref,
+      mask_ref, q_sequence_ref, None, dk_scratch, dv_scratch, None, dk_ref, dv_ref,
+      grid_width=grid_width, **options)
+
+  if freqs_ref is not None:
+    @pl.when(pl.program_id(2) == grid_width - 1)   # dk written: back to the unturned k's
+    def _():
+      _turn_back(dk_ref, k_positions_ref, freqs_ref)
 
 
 def _backward_dq(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask_function,
-                 interpret: bool):
+                 interpret: bool, rotary: Optional[Rotary] = None, scale: float = 1.0):
   """The library's `_splash_attention_bwd_dq` for multi-head attention without sinks or a soft
   cap: [N, S, D] operands, logsumexp and di [N, 1, S] -> dq [N, S, D]."""
   head_dim = q.shape[-1]
   bq, bkv = sizes.block_q_dq, sizes.block_kv_dq
-  lead, tail, grid = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
+  lead, tail, grid, key_block = _query_major(mask_info, q, k, v, segment_ids, bq, bkv)
+  turns = _rotary_operands(rotary, lambda h, i, j, *_: i, key_block, bq, bkv)
   per_row = pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))   # logsumexp, di
   in_specs = [*lead.specs, per_row, pl.BlockSpec((None, bq, head_dim), _rows), per_row,
-              *tail.specs]
+              *tail.specs, *turns.specs]
   return pl.pallas_call(
-      functools.partial(_dq_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
+      functools.partial(_dq_kernel, mask_value=kernel_lib.DEFAULT_MASK_VALUE, scale=scale,
                         grid_width=grid[-1], bq=bq, bkv=bkv, attn_logits_soft_cap=None,
                         q_layout=sizes.q_layout, k_layout=sizes.k_layout,
                         v_layout=sizes.v_layout, mask_function=mask_function),
@@ -304,18 +415,19 @@ def _backward_dq(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask
           num_scalar_prefetch=3, in_specs=in_specs,
           out_specs=pl.BlockSpec((None, bq, head_dim), _rows),
           scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32),
-                          pltpu.VMEM((bq, kernel_lib.NUM_LANES), segment_ids.q.dtype)],
+                          pltpu.VMEM((bq, kernel_lib.NUM_LANES), segment_ids.q.dtype),
+                          *_rotary_scratch(rotary, q, bq, bkv)],
           grid=grid),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("arbitrary", "arbitrary", "arbitrary")),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       name="splash_mha_dq_segmented_row_ids", interpret=interpret,
   )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, *lead.arrays, logsumexp, do,
-    di, *tail.arrays)
+    di, *tail.arrays, *turns.arrays)
 
 
 def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mask_function,
-                  interpret: bool):
+                  interpret: bool, rotary: Optional[Rotary] = None, scale: float = 1.0):
   """The library's `_splash_attention_bwd_dkv` (unfused: no dq) for multi-head attention
   without sinks or a soft cap: [N, S, D] operands, logsumexp and di [N, 1, S] -> dk, dv."""
   heads, seq_len, head_dim = q.shape
@@ -347,8 +459,11 @@ def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mas
     in_specs.append(None)
   grid_width = (mask_info.data_next.shape[-2] if mask_info.data_next is not None
                 else seq_len // bq)
+  turns = _rotary_operands(rotary, lambda kv, h, i, *refs: queries(kv, h, i, *refs)[1],
+                           lambda kv, h, i, *_: kv, bq, bkv)
+  in_specs += turns.specs
   return pl.pallas_call(
-      functools.partial(_dkv_kernel, num_q_heads=heads, num_kv_heads=heads,
+      functools.partial(_dkv_kernel, num_q_heads=heads, num_kv_heads=heads, scale=scale,
                         mask_value=kernel_lib.DEFAULT_MASK_VALUE, grid_width=grid_width, bq=bq,
                         bkv_compute=bkv_compute, is_mqa=False, attn_logits_soft_cap=None,
                         q_layout=sizes.q_layout, k_layout=sizes.k_layout,
@@ -358,7 +473,8 @@ def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mas
           out_specs=[pl.BlockSpec((None, bkv, head_dim), keys)] * 2,
           scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32),
                           pltpu.VMEM((bkv, head_dim), jnp.float32),
-                          pltpu.VMEM((bkv, lanes), segment_ids.kv.dtype)],
+                          pltpu.VMEM((bkv, lanes), segment_ids.kv.dtype),
+                          *_rotary_scratch(rotary, q, bq, bkv)],
           grid=(seq_len // bkv, heads, grid_width)),
       # All sequential, as the library's: dk and dv are sums over heads' query blocks.
       compiler_params=pltpu.CompilerParams(
@@ -366,25 +482,28 @@ def _backward_dkv(mask_info, q, k, v, segment_ids, logsumexp, do, di, sizes, mas
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
       name="splash_mha_dkv_segmented_row_ids", interpret=interpret,
   )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next, q, k, v, q_ids,
-    segment_ids.kv[None, :], logsumexp, do, di, partial, q_sequence)
+    segment_ids.kv[None, :], logsumexp, do, di, partial, q_sequence, *turns.arrays)
 
 
-def _attention_backward(sizes, mask_function, interpret, residuals, g):
-  q, k, v, segment_ids, _, out, logsumexp, dq_info, dkv_info = residuals
+def _attention_backward(sizes, mask_function, interpret, scale, residuals, g):
+  q, k, v, segment_ids, rotary, out, logsumexp, dq_info, dkv_info = residuals
   di = jnp.einsum("hsd,hsd->hs", out.astype(jnp.float32), g.astype(jnp.float32))   # [N, S]
   one_row = lambda x: x[:, None, :]                                                # [N, 1, S]
   operands = (q, k, v, segment_ids, one_row(logsumexp), g, one_row(di), sizes, mask_function,
-              interpret)
+              interpret, rotary, scale)
   dk, dv = _backward_dkv(dkv_info, *operands)
   dq = _backward_dq(dq_info, *operands)
-  return None, None, None, dq, dk, dv, None
+  return None, None, None, dq, dk, dv, None, None
 
 
 _attention.defvjp(_attention_forward, _attention_backward)
 
 
-def _attend(q, k, v, segments, causal: bool, window: Optional[int] = None):
-  """q, k, v [B, N, S, D] (q already scaled), segments [B, S] -> [B, N, S, D], on one device."""
+def _attend(q, k, v, segments, positions, inv_freq, causal: bool, window: Optional[int] = None,
+            scale: float = 1.0):
+  """q, k, v [B, N, S, D], segments [B, S] -> [B, N, S, D], on one device; q already scaled, or
+  with rotary (positions [B, S], inv_freq [D]) unrotated, unscaled and turned and scaled by
+  `scale` in the kernels."""
   _, heads, seq_len, _ = q.shape
   # Interpret mode wherever the program is not for a TPU (compiled *for* a TPU on a CPU host by
   # the compile report, it is the real kernel).
@@ -398,11 +517,14 @@ def _attend(q, k, v, segments, causal: bool, window: Optional[int] = None):
   infos = [collapse(info) for info in (kernel.fwd_mask_info, kernel.dq_mask_info,
                                        kernel.dkv_mask_info)]
 
-  def one(q, k, v, segments):                                     # [N, S, D], [S]
+  def one(q, k, v, segments, positions):                          # [N, S, D], [S], [S]
+    rotary = None if positions is None else Rotary(positions, inv_freq)
     return _attention(options["block_sizes"], options["mask_function"], options["interpret"],
-                      *infos, q, k, v, kernel_lib.SegmentIds(q=segments, kv=segments))
+                      scale, *infos, q, k, v, kernel_lib.SegmentIds(q=segments, kv=segments),
+                      rotary)
 
-  return jax.vmap(one)(q, k, v, segments)
+  return jax.vmap(one, in_axes=(0, 0, 0, 0, None if positions is None else 0))(
+      q, k, v, segments, positions)
 
 
 def _mesh_axes(mesh, names):
@@ -424,23 +546,33 @@ def splash_attention(q, k, v, segments, causal: bool = False, window: Optional[i
 
 
 def splash_attention_heads_first(q, k, v, segments, causal: bool = False,
-                                 window: Optional[int] = None):
+                                 window: Optional[int] = None, rotary: Optional[Rotary] = None):
   """`splash_attention` in the kernel's own layout: q, k, v [B, N, S, D] -> [B, N, S, D]. A model
-  that projects straight into this layout (the ModernBERT family on TPU) writes no transposes."""
+  that projects straight into this layout (the ModernBERT family on TPU) writes no transposes.
+  With `rotary` (positions [B, S], inv_freq [D]), q and k are turned by their rotary positions
+  inside the kernels (see "rotary positions in the kernels")."""
   if window is not None and window < 0:
     raise ValueError(f"splash attention's window must be >= 0, got {window}")
   head_dim = q.shape[-1]
   scale = (1.0 / np.sqrt(head_dim)).astype(np.float32)
-  q = q * scale.astype(q.dtype)                                             # [B, N, S, D]
-  attend = functools.partial(_attend, causal=causal, window=window)
+  if rotary is None:
+    q = q * scale.astype(q.dtype)                                           # [B, N, S, D]
+    positions, inv_freq = None, None
+  else:
+    positions = jnp.broadcast_to(rotary.positions, segments.shape).astype(jnp.int32)  # [B, S]
+    inv_freq = jnp.asarray(rotary.inv_freq, jnp.float32)                    # [D]
+  attend = functools.partial(_attend, causal=causal, window=window,
+                             scale=1.0 if rotary is None else float(scale))
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch, heads = _mesh_axes(mesh, _BATCH_AXES), _mesh_axes(mesh, (_HEAD_AXIS,))
     heads = heads[0] if heads else None
     qkv_spec, ids_spec = P(batch, heads, None, None), P(batch, None)
-    attend = jax.shard_map(attend, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec),
-                           out_specs=qkv_spec, check_vma=False)
-  return attend(q, k, v, segments)                                          # [B, N, S, D]
+    attend = jax.shard_map(
+        attend, mesh=mesh, out_specs=qkv_spec, check_vma=False,
+        in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec,
+                  None if positions is None else ids_spec, None if inv_freq is None else P()))
+  return attend(q, k, v, segments, positions, inv_freq)                     # [B, N, S, D]
 
 
 def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int,

@@ -213,7 +213,7 @@ def create(config) -> "JitParallel | PmapParallel":
       if on:
         raise ValueError(f"config.{name}=True shards the state over the jit mesh; "
                          "config.parallelism='pmap' keeps a whole copy per device: use "
-                         "config.parallelism='jit'")
+                         f"config.parallelism='jit', or set config.{name}=False")
     if sharding.model_parallelism(config) > 1:
       raise ValueError(f"config.parallelism='pmap' is data-parallel only, but "
                        f"config.model_parallelism={config.model_parallelism}; use "

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import kernels, layers, local_attention, splash
+from bert_jax.model import kernels, layers, local_attention, ops, splash
 from bert_jax.model.masked_lm import MaskedLM
 from bert_jax.model.config import BertConfig
 
@@ -49,6 +49,17 @@ Array = Any
 
 def _blocks(config: BertConfig) -> kernels.Kernels:
   return kernels.select(config.kernels)
+
+
+def _dropout(config: BertConfig):
+  """The dropout of the [B, S, H] activations (not of attention probabilities): on TPU, where
+  the tuned form is chosen, `ops.RecomputedDropout` (the mask drawn again in the backward pass,
+  never stored: ModernBERT-base's step 123.7 -> 109.9 GB per chip on a v5litepod-8,
+  benchmarks/RESULTS.md)."""
+  chosen = _blocks(config).Dropout
+  if chosen is ops.Dropout and kernels.target_backend() == "tpu":
+    return ops.RecomputedDropout
+  return chosen
 
 
 def _init(config: BertConfig, std: float, axes):
@@ -88,12 +99,17 @@ def _norm(config: BertConfig, name: str) -> nn.Module:
 # ----------------------------------------------------------------------------------- rotary
 
 
-def rotary_tables(positions: Array, head_dim: int, theta: float):
-  """cos, sin [B or 1, S, D] in float32 for integer positions [B or 1, S] (transformers' default
-  RoPE: frequencies theta^(-2i/D), the two halves of each head rotated together)."""
+def rotary_frequencies(head_dim: int, theta: float) -> np.ndarray:
+  """[D] float32: transformers' default RoPE frequencies theta^(-2i/D), i < D/2, in both halves
+  (the two halves of each head rotated together)."""
   inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))  # [D/2]
-  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)            # [., S, D/2]
-  angles = jnp.concatenate([freqs, freqs], axis=-1)                                    # [., S, D]
+  return np.concatenate([inv_freq, inv_freq]).astype(np.float32)
+
+
+def rotary_tables(positions: Array, head_dim: int, theta: float):
+  """cos, sin [B or 1, S, D] in float32 for integer positions [B or 1, S]."""
+  angles = (positions.astype(jnp.float32)[..., None]
+            * jnp.asarray(rotary_frequencies(head_dim, theta)))                        # [., S, D]
   return jnp.cos(angles), jnp.sin(angles)
 
 
@@ -230,8 +246,9 @@ class Attention(nn.Module):
   For the splash kernel (TPU) the projections write and read the kernel's heads-first layout
   [B, N, S, D] directly, so no transpose of q, k, v or the output is materialised (compiled for
   a v5litepod-8, the transposes and the rotary positions' backward were the largest elementwise
-  traffic of the step; benchmarks/history/2026-11-25-modern-encoders.md); the other paths keep
-  [B, S, N, D]."""
+  traffic of the step; benchmarks/history/2026-11-25-modern-encoders.md), and the kernels turn q
+  and k by their rotary positions themselves (`splash.Rotary`: no pass over q and k before
+  them or over their gradients after); the other paths keep [B, S, N, D] and rotate here."""
   config: BertConfig
   is_global: bool
 
@@ -248,8 +265,9 @@ class Attention(nn.Module):
     else:
       qkv = wqkv(x).reshape(batch, seq_len, 3, heads, dim)                    # [B, S, 3, N, D]
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]                       # [B, S, N, D]
-    cos, sin = context.rotary(self.is_global)
-    q, k = apply_rotary(q, cos, sin, heads_first), apply_rotary(k, cos, sin, heads_first)
+    if not heads_first:   # the splash kernels turn q and k themselves (context.attend)
+      cos, sin = context.rotary(self.is_global)
+      q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     drop_probs = _blocks(c).Dropout(c.attention_probs_dropout_prob, name="probs_dropout")
     out = context.attend(q, k, v, self.is_global,
                          lambda p: drop_probs(p, deterministic=deterministic))  # as q
@@ -259,7 +277,7 @@ class Attention(nn.Module):
       out = wo(out, "bnsd,ndh->bsh", (heads, dim, hidden), (hidden,))          # [B, S, H]
     else:
       out = wo(out.reshape(batch, seq_len, hidden))                            # [B, S, H]
-    return _blocks(c).Dropout(c.attention_output_dropout_prob)(out, deterministic=deterministic)
+    return _dropout(c)(c.attention_output_dropout_prob)(out, deterministic=deterministic)
 
 
 class Mlp(nn.Module):
@@ -276,7 +294,7 @@ class Mlp(nn.Module):
       h = act(h[..., :c.intermediate_size]) * h[..., c.intermediate_size:]    # [B, S, I]
     else:
       h = act(h)
-    h = _blocks(c).Dropout(c.hidden_dropout_prob)(h, deterministic=deterministic)
+    h = _dropout(c)(c.hidden_dropout_prob)(h, deterministic=deterministic)
     return _dense(c, c.hidden_size, ("mlp", "embed"), "Wo", c.mlp_bias, residual_std(c))(h)
 
 
@@ -369,6 +387,7 @@ class AttentionContext:
   """
   global_rotary: Any                 # (cos, sin) [B or 1, S, D] float32
   local_rotary: Any
+  positions: Array                   # [B or 1, S] int32: the rotary positions
   segments: Array                    # [B, S] (splash.segment_ids: 0 padding)
   global_bias: Optional[Array]       # [B, 1, S or 1, S] additive (xla, cudnn)
   local_bias: Optional[Array]        # [B, 1, S, S] the band added (short sequences)
@@ -384,8 +403,11 @@ class AttentionContext:
     `dropout` acts on the probabilities (XLA only)."""
     c = self.config
     window = None if is_global or not c.local_attention else c.window
-    if self.kind == "splash":
-      return splash.splash_attention_heads_first(q, k, v, self.segments, False, window=window)
+    if self.kind == "splash":   # q and k unturned: the kernels turn them by their positions
+      theta = c.global_rope_theta if is_global else c.local_rope_theta
+      rotary = splash.Rotary(self.positions, jnp.asarray(rotary_frequencies(c.head_dim, theta)))
+      return splash.splash_attention_heads_first(q, k, v, self.segments, False, window=window,
+                                                 rotary=rotary)
     if window is not None and self.blocked:
       return local_attention.blocked_attention(q, k, v, self.segments, window, dropout,
                                                c.float32_attention_logits)
@@ -410,7 +432,7 @@ def attention_context(config: BertConfig, attention_mask: Array, position_ids: O
   return AttentionContext(
       global_rotary=rotary_tables(positions, config.head_dim, config.global_rope_theta),
       local_rotary=rotary_tables(positions, config.head_dim, config.local_rope_theta),
-      segments=splash.segment_ids(attention_mask), global_bias=global_bias,
+      positions=positions, segments=splash.segment_ids(attention_mask), global_bias=global_bias,
       local_bias=local_bias, config=config, kind=kind, blocked=blocked)
 
 
@@ -494,7 +516,7 @@ class Embeddings(nn.Module):
         c.vocab_size, c.hidden_size, dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
         embedding_init=_init(c, c.initializer_range, ("vocab", "embed")))
     self.norm = _norm(c, "norm")
-    self.dropout = _blocks(c).Dropout(c.hidden_dropout_prob)
+    self.dropout = _dropout(c)(c.hidden_dropout_prob)
 
   def __call__(self, input_ids, deterministic: bool):
     c = self.config
