@@ -110,10 +110,10 @@ class RecomputedDropout(Dropout):
   the key (`recomputed_keep_mask`), inside the fusions that read it, so neither the random bits
   nor the mask reach HBM. The ModernBERT family's form on TPU (`families/modernbert/model.py`
   `_dropout`): compiled by libtpu for a v5litepod-8, ModernBERT-base's step with
-  attention-output dropout 0.1 moved 123.7 GB per chip with
-  `Dropout` (its bits hoisted into fusions of their own and the masks kept for the backward
-  pass) and 109.9 GB with this one, less than with no dropout at all (116.0;
-  benchmarks/RESULTS.md). The keep probability and scale are `Dropout`'s; the masks differ."""
+  attention-output dropout 0.1 moved 123.7 GB per chip with `Dropout` (its bits hoisted into
+  fusions of their own and the masks kept for the backward pass) and 109.9 GB with this one,
+  less than with no dropout at all (116.0; benchmarks/RESULTS.md). The keep probability and
+  scale are `Dropout`'s; the masks differ."""
 
   def drop(self, x: Array, key: Array) -> Array:
     return _recomputed(x, key, self.rate)

@@ -385,8 +385,8 @@ class AttentionContext:
   The band of a local layer counts positions in the row; packed sequences are kept apart by their
   segments, so a window never reaches into a neighbour.
   """
-  global_rotary: Any                 # (cos, sin) [B or 1, S, D] float32
-  local_rotary: Any
+  global_rotary: Any                 # (cos, sin) [B or 1, S, D] float32; None for splash,
+  local_rotary: Any                  # whose kernels turn q and k from `positions` themselves
   positions: Array                   # [B or 1, S] int32: the rotary positions
   segments: Array                    # [B, S] (splash.segment_ids: 0 padding)
   global_bias: Optional[Array]       # [B, 1, S or 1, S] additive (xla, cudnn)
@@ -429,9 +429,10 @@ def attention_context(config: BertConfig, attention_mask: Array, position_ids: O
     global_bias = layers.attention_bias(attention_mask, causal=False)        # [B, 1, S|1, S]
     if config.local_attention and not blocked:
       local_bias = local_attention.banded_bias(global_bias, seq_len, config.window)
+  tables = (lambda theta: None) if kind == "splash" else (
+      lambda theta: rotary_tables(positions, config.head_dim, theta))
   return AttentionContext(
-      global_rotary=rotary_tables(positions, config.head_dim, config.global_rope_theta),
-      local_rotary=rotary_tables(positions, config.head_dim, config.local_rope_theta),
+      global_rotary=tables(config.global_rope_theta), local_rotary=tables(config.local_rope_theta),
       positions=positions, segments=splash.segment_ids(attention_mask), global_bias=global_bias,
       local_bias=local_bias, config=config, kind=kind, blocked=blocked)
 
