@@ -1,5 +1,6 @@
 """Test-wide settings: CPU only, fast compiles, no accelerator for TensorFlow."""
 import os
+import shutil
 
 # Must happen before jax / tensorflow are imported anywhere.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -61,9 +62,45 @@ def pytest_addoption(parser):
                    help="which tests to run: fast (default), slow (marked slow or long_fault), all")
 
 
+# Tiny test models are compile-bound, and the tests compile the same programs again and again (the
+# same tiny configs, in this process and in the command-line runs they start): JAX's persistent
+# compilation cache, shared by every process of a test run and kept for the next run (and tier),
+# turns the repeats into reads. A program goes in from a tenth of a second of compiling (JAX's
+# default, a second, keeps out nearly all of ours; below a tenth are the single operations of
+# eager code, thousands of them, cheaper to compile than to file). It lives in pytest's cache
+# folder (.pytest_cache/d/), owned by this checkout, emptied when a run starts with it over
+# COMPILE_CACHE_MAX_BYTES (JAX's own bound scans the whole folder at every write: far slower).
+# BERT_JAX_TEST_COMPILE_CACHE=off runs without it, =DIR uses DIR.
+COMPILE_CACHE_ENV = "BERT_JAX_TEST_COMPILE_CACHE"
+COMPILE_CACHE_MAX_BYTES = 2 * 1024**3
+
+
+def _folder_bytes(directory: str) -> int:
+  return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
+
+
+def _use_compilation_cache(config):
+  directory = os.environ.get(COMPILE_CACHE_ENV)
+  if directory == "off" or not (directory or hasattr(config, "cache")):  # -p no:cacheprovider
+    return
+  directory = directory or str(config.cache.mkdir("xla_compilation_cache"))
+  # The run's first process (xdist's controller) sets the environment its workers inherit.
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR") != directory:
+    if os.path.isdir(directory) and _folder_bytes(directory) > COMPILE_CACHE_MAX_BYTES:
+      shutil.rmtree(directory)
+    os.makedirs(directory, exist_ok=True)
+  settings = {"jax_compilation_cache_dir": directory,
+              "jax_persistent_cache_min_compile_time_secs": 0.1,
+              "jax_persistent_cache_min_entry_size_bytes": -1}
+  for name, value in settings.items():
+    jax.config.update(name, value)            # this process (nothing has compiled yet)
+    os.environ[name.upper()] = str(value)     # and the processes the tests start
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: an end-to-end or fault test of the slow tier (--tier=slow)")
   config.addinivalue_line("markers", "long_fault: a fault test of minutes, in the slow tier (--tier=slow)")
+  _use_compilation_cache(config)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -187,9 +187,14 @@ def test_length_buckets_cut_the_batch_and_leave_loss_and_gradient_as_they_were(t
     loss, grads = loss_and_gradients(state.params, cut)
     full_loss, full_grads = loss_and_gradients(state.params, full)
     assert float(loss) == pytest.approx(float(full_loss), rel=1e-6)
+    # Relative to the largest gradient, as above: the sums run over other lengths, and a gradient
+    # near zero keeps only the rounding of the large terms it sums (seen: 1.6e-6 of 0.36 apart
+    # on one CPU).
+    scale = max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(full_grads))
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
                             jax.tree_util.tree_leaves(full_grads)):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+      np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, rtol=0, atol=1e-5,
+                                 err_msg=jax.tree_util.keystr(path))
   # 0: the full lengths.
   config.length_bucket = 0
   uncut = embeddings.make_job(config, inputs).batches().next_batch(0)
