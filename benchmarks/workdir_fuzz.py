@@ -4,8 +4,8 @@ recovery (the run's final parameters bitwise those of an uninterrupted run) or i
 that names the damaged file (or a folder holding it); never a hang, never an error that names
 nothing, and no file outside the workdir read or written.
 
-  python -m benchmarks.workdir_fuzz [--job=pretraining|glue] [--sample=N] [--timeout=120]
-      [--json=OUT.json]
+  python -m benchmarks.workdir_fuzz [--job=pretraining|glue] [--sample=N] [--every_chunk=1]
+      [--per_file=0] [--timeout=120] [--json=OUT.json]
 
 runs it on the quick pre-training demo (`--job=pretraining`, `experiments/pretrain_demo.py:quick`,
 50 documents) or on GLUE MRPC fine-tuning (`--job=glue`, `experiments/glue.py:task=mrpc,quick` on
@@ -13,8 +13,11 @@ runs it on the quick pre-training demo (`--job=pretraining`, `experiments/pretra
 the reference run trains 4 steps (checkpoints at 2 and 4), each case copies its workdir, damages
 one file (every file of the workdir but the older checkpoint's: that is what a damaged newest
 one falls back to), and runs to step 6 in this process (`registry.run`, as `bert_jax.main` runs
-it). `tests/test_workdir_fuzz.py` runs a sample of the pre-training cases in the fast tier, every
-case of both jobs in the slow tier.
+it). `tests/test_workdir_fuzz.py` runs a sample of the pre-training cases in the fast tier; in the
+slow tier every file of both jobs (the checkpoint's data chunks by the first and the last of each
+folder: `chunks`) with 3 damages each, taken in turn (`--every_chunk=0 --per_file=3`). The whole
+cross product is this command's, run for the record (benchmarks/RESULTS.md): about 2.7 times
+the slow tier's cases, at 1 to 2.5 s a case, it did not fit CI's 90 minutes beside the rest.
 
 A case is a whole run of the job, so it is compile-bound (its initialisation, step and
 evaluation traced and compiled again by each run): every run of a fuzzer shares a persistent JAX
@@ -237,11 +240,20 @@ class Fuzzer:
              for directory, _, names in os.walk(self.reference) for name in names)
     return sorted(f for f in found if not f.startswith(older))
 
-  def cases(self) -> List[Case]:
-    """Every file with every damage (a JSON damage: the JSON files only)."""
-    return [Case(relative, name) for relative in self.files()
-            for name, damage in DAMAGES.items() if not getattr(damage, "json_only", False)
-            or _json(os.path.join(self.reference, relative)) is not None]
+  def cases(self, every_chunk: bool = True, per_file: int = 0) -> List[Case]:
+    """Every file with every damage (a JSON damage: the JSON files only); `every_chunk=False`:
+    of the checkpoint's data chunks, the first and the last of each folder (`chunks`);
+    `per_file=N`: N damages of each file, taken in turn from the list of damages, so that
+    neighbouring files (one folder, one kind) get different ones and every damage is used."""
+    files = self.files() if every_chunk else chunks(self.files())
+    cases = []
+    for i, relative in enumerate(files):
+      names = [name for name, damage in DAMAGES.items() if not getattr(damage, "json_only", False)
+               or _json(os.path.join(self.reference, relative)) is not None]
+      if per_file:
+        names = [names[(i * per_file + k) % len(names)] for k in range(min(per_file, len(names)))]
+      cases += [Case(relative, name) for name in names]
+    return cases
 
   def run_case(self, case: Case, index: int) -> Case:
     workdir = os.path.join(self.root, f"case_{index}")
@@ -292,6 +304,20 @@ def _mount_strictatime(directory: str) -> bool:
   result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,strictatime", "tmpfs",
                            directory], capture_output=True)
   return result.returncode == 0
+
+
+def chunks(files: Sequence[str]) -> List[str]:
+  """`files` with the data chunks of a checkpoint's array store (files in a folder `d`, named by
+  a hash: 6 to 8 of them in a quick run) cut to the first and the last of each folder. The chunks
+  of a folder are one kind of file, read by one code path (tensorstore's OCDBT reader), and hold
+  only other arrays; each damage of every chunk is the benchmark's (`--every_chunk`)."""
+  by_folder = collections.defaultdict(list)
+  for name in files:
+    folder = os.path.dirname(name)
+    if os.path.basename(folder) == "d":
+      by_folder[folder].append(name)
+  dropped = {name for group in by_folder.values() for name in sorted(group)[1:-1]}
+  return [name for name in files if name not in dropped]
 
 
 def spread(cases: Sequence[Case], count: int) -> List[Case]:
@@ -384,13 +410,19 @@ def main():
                            "GLUE MRPC fine-tuning")
   parser.add_argument("--sample", type=int, default=0,
                       help="run this many cases, spread over files and damages (0: all)")
+  parser.add_argument("--every_chunk", type=int, default=1,
+                      help="1: every data chunk of the checkpoint's array store damaged in turn; "
+                           "0: the first and the last of each folder (`chunks`)")
+  parser.add_argument("--per_file", type=int, default=0,
+                      help="damages of each file, taken in turn (0: every damage; the slow "
+                           "tier's: 3)")
   parser.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take")
   parser.add_argument("--json", default="", help="also write every case here")
   args = parser.parse_args()
   root = tempfile.mkdtemp(prefix="workdir_fuzz_")
   fuzzer = JOBS[args.job](root, timeout=args.timeout)
   try:
-    cases = fuzzer.cases()
+    cases = fuzzer.cases(every_chunk=bool(args.every_chunk), per_file=args.per_file)
     if args.sample:
       cases = spread(cases, args.sample)
     started = time.perf_counter()

@@ -39,10 +39,13 @@ def _env(server, **extra):
   return env
 
 
-def _wait_for_step(workdir, proc, step):
+def _wait_for_step(workdir, proc, step, server):
+  """Until the run has logged `step` and asked the server once (with the compiles cached, a run
+  can pass `step` before the poller's first question)."""
   deadline = time.time() + TIMEOUT
-  while not any(r["step"] >= step for r in read_metrics(workdir)):
-    assert time.time() < deadline, f"no step {step} within {TIMEOUT} s"
+  while not (any(r["step"] >= step for r in read_metrics(workdir))
+             and "instance/preempted" in server.asked):
+    assert time.time() < deadline, f"no step {step} and a question within {TIMEOUT} s"
     assert proc.poll() is None, "the run ended before the notice"
     time.sleep(0.05)
 
@@ -58,7 +61,7 @@ def test_a_preempted_notice_saves_a_checkpoint_and_exits_0(tmp_path):
           [sys.executable, "-m", "bert_jax.main", f"--config={experiment}",
            f"--workdir={workdir}"], cwd=ROOT, env=_env(server), stdout=out, stderr=err, text=True)
       try:
-        _wait_for_step(workdir, proc, NOTICE_AFTER)
+        _wait_for_step(workdir, proc, NOTICE_AFTER, server)
         server.set("instance/preempted", "TRUE")
         proc.wait(timeout=TIMEOUT)
       finally:

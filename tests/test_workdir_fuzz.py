@@ -4,10 +4,13 @@ types, names out of the workdir, a link outside or to /dev/zero, a directory in 
 the same run with more steps. Every case ends in exact recovery (final parameters bit for bit
 those of an undamaged run) or a clear error naming the file; never a hang, an error naming
 nothing, or a file outside the workdir read or written. The fast tier runs a sample of the
-pre-training cases; the slow tier every file with every damage of both jobs, a damage per test
-(pre-training about 290 cases, 289 on 2026-11-29; fine-tuning about 250, 246 on 2026-11-29: the
-checkpoints' data files vary in number from run to run). Every run of a fuzzer compiles through
+pre-training cases; the slow tier every file of both jobs with 3 damages each, taken in turn so
+that every damage is used on files of every kind, a damage per test (the checkpoint's array store
+by the first and the last data chunk of each folder, `workdir_fuzz.chunks`: the chunks are one
+kind of file and vary in number from run to run). The whole cross product (every chunk, every
+damage) is the benchmark's, `python -m benchmarks.workdir_fuzz --job=pretraining|glue`. Every run of a fuzzer compiles through
 one persistent compilation cache, which makes both cross products fit in the slow tier."""
+import collections
 import json
 import os
 import re
@@ -25,6 +28,9 @@ SAMPLE = [("bert_config.json", "link to /dev/zero"),
           ("checkpoints/4/record/metadata", "JSON of wrong types"),
           ("data/DONE", "directory"),
           ("data/train.tfrecord", "link outside")]
+# The slow tier's cases: every file, the data chunks by the first and last of each folder, with
+# 3 damages each taken in turn.
+SLOW_TIER = dict(every_chunk=False, per_file=3)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +71,30 @@ def test_the_compilation_cache_holds_what_compiles_inside_and_is_closed_after(tm
   assert [getattr(jax.config, name) for name in names] == before
   jax.jit(lambda x: x * 5 - 2)(jnp.arange(4.0))
   assert os.listdir(tmp_path / "cache") == written   # nothing more written after
+
+
+def test_the_slow_tier_damages_the_first_and_last_data_chunk_of_each_folder():
+  files = ["bert_config.json", "checkpoints/4/state/d/9a", "checkpoints/4/state/manifest.ocdbt",
+           "checkpoints/4/state/ocdbt.process_0/d/03", "checkpoints/4/state/ocdbt.process_0/d/7f",
+           "checkpoints/4/state/ocdbt.process_0/d/51", "checkpoints/4/state/ocdbt.process_0/d/a1",
+           "data/train.tfrecord"]
+  assert workdir_fuzz.chunks(files) == [
+      "bert_config.json", "checkpoints/4/state/d/9a", "checkpoints/4/state/manifest.ocdbt",
+      "checkpoints/4/state/ocdbt.process_0/d/03", "checkpoints/4/state/ocdbt.process_0/d/a1",
+      "data/train.tfrecord"]
+
+
+def test_the_slow_tier_uses_every_file_and_every_damage(fuzzer):
+  """Its sample of the cross product: each file 3 times, each damage on several files, JSON
+  damages on JSON files only."""
+  cases = fuzzer.cases(**SLOW_TIER)
+  files = workdir_fuzz.chunks(fuzzer.files())
+  assert sorted({c.file for c in cases}) == sorted(files)
+  pairs = [(c.file, c.damage) for c in cases]
+  assert len(pairs) == 3 * len(files) == len(set(pairs))
+  used = collections.Counter(c.damage for c in cases)
+  assert set(used) == set(workdir_fuzz.DAMAGES) and min(used.values()) >= 2, used
+  assert set(pairs) <= {(c.file, c.damage) for c in fuzzer.cases()}
 
 
 def test_outcomes_are_classified_by_what_the_error_names():
@@ -110,10 +140,10 @@ def test_docs_workdir_names_every_file_the_quick_run_writes_and_every_metric(fuz
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", list(workdir_fuzz.DAMAGES))
 def test_every_file_with_each_damage(fuzzer, damage):
-  """The whole cross product, a damage per test (about 44 files each, JSON damages on the 11 JSON
-  files only): every file of the run but the older checkpoint's."""
-  cases = [case for case in fuzzer.cases() if case.damage == damage]
-  assert len(cases) >= 10, [c.file for c in cases]
+  """Every file of the run but the older checkpoint's and its middle data chunks, 3 damages each
+  (`SLOW_TIER`), a damage per test."""
+  cases = [case for case in fuzzer.cases(**SLOW_TIER) if case.damage == damage]
+  assert cases, damage
   done = [fuzzer.run_case(case, 100 + i) for i, case in enumerate(cases)]
   print(json.dumps({"damage": damage, **workdir_fuzz.summary(done)}))   # shown by pytest -rP
   assert not _failures(done), "\n".join(_failures(done))
@@ -123,10 +153,9 @@ def test_every_file_with_each_damage(fuzzer, damage):
 @pytest.mark.parametrize("damage", list(workdir_fuzz.DAMAGES))
 def test_every_fine_tuning_file_with_each_damage(glue_fuzzer, damage):
   """GLUE MRPC (quick, from a tiny checkpoint): its checkpoints, best/, results.json,
-  predictions and every other file damaged in turn (about 36 files each, JSON damages on the 12
-  JSON files only)."""
-  cases = [case for case in glue_fuzzer.cases() if case.damage == damage]
-  assert len(cases) >= 10, [c.file for c in cases]
+  predictions and every other file, 3 damages each (`SLOW_TIER`), a damage per test."""
+  cases = [case for case in glue_fuzzer.cases(**SLOW_TIER) if case.damage == damage]
+  assert cases, damage
   done = [glue_fuzzer.run_case(case, 100 + i) for i, case in enumerate(cases)]
   print(json.dumps({"job": "glue", "damage": damage, **workdir_fuzz.summary(done)}))   # pytest -rP
   assert not _failures(done), "\n".join(_failures(done))
