@@ -8,8 +8,9 @@ pre-training cases; the slow tier every file of both jobs with 3 damages each, t
 that every damage is used on files of every kind, a damage per test (the checkpoint's array store
 by the first and the last data chunk of each folder, `workdir_fuzz.chunks`: the chunks are one
 kind of file and vary in number from run to run). The whole cross product (every chunk, every
-damage) is the benchmark's, `python -m benchmarks.workdir_fuzz --job=pretraining|glue`. Every run of a fuzzer compiles through
-one persistent compilation cache, which makes both cross products fit in the slow tier."""
+damage) is the benchmark's, `python -m benchmarks.workdir_fuzz --job=pretraining|glue`. Every run
+of a fuzzer compiles through one persistent compilation cache: a case costs its tracing and its
+steps, not a compile."""
 import collections
 import json
 import os
